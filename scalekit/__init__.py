@@ -1,0 +1,22 @@
+"""scalekit: switch training optimizations on a live model and measure them honestly."""
+
+from .config import RunConfig
+from .engine import build, run
+from .errors import ConfigError, ToggleUnavailable
+from .hardware import detect
+from .measure.results import RunResult, compare
+from .toggles import TOGGLES
+
+__version__ = "0.1.0"
+
+__all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
+           "ToggleUnavailable", "Lab"]
+
+
+def __getattr__(name):
+    # the widget pulls in ipywidgets and plotly: import it only when asked for
+    if name == "Lab":
+        from .widgets import Lab
+
+        return Lab
+    raise AttributeError(f"module 'scalekit' has no attribute {name!r}")

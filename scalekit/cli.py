@@ -1,0 +1,119 @@
+"""`scalekit` on the command line: ladder, bench, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from .config import PRESET_NAMES, RunConfig
+from .errors import ConfigError
+from .toggles import TOGGLES
+
+
+def _progress(message: str) -> None:
+    print(f"  · {message}", file=sys.stderr, flush=True)
+
+
+def _toggle_arg(text: str) -> tuple[str, object]:
+    name, _, value = text.partition("=")
+    return name, (value if value else True)
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="auto", help=f"model size: {', '.join(PRESET_NAMES)} (default: auto)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's)")
+    p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
+    p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
+    p.add_argument("--data", default="auto", help="shakespeare, synthetic or auto (default)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
+
+
+def _config(args, toggles) -> RunConfig:
+    return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
+                     steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
+                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scalekit", description="Switch training optimizations on and measure them.")
+    sub = p.add_subparsers(dest="command", required=True)
+    lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
+    _run_options(lad)
+    lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
+    bench = sub.add_parser("bench", help="measure one configuration")
+    _run_options(bench)
+    bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                       help=f"switch an optimization on (repeatable): {', '.join(TOGGLES)}")
+    bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
+    sub.add_parser("toggles", help="list every toggle with its summary and cost")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # Ctrl-C ends the current step cleanly instead of leaving a half-measured run
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: (stop.set(), _progress("stopping after this step…")))
+    try:
+        return COMMANDS[args.command](args, stop)
+    except ConfigError as exc:
+        print(f"scalekit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_ladder(args, stop) -> int:
+    import json
+
+    from .ladder import ladder
+    from .report import results_table
+
+    base = _config(args, {})
+    results = ladder(base, on_status=_progress,
+                     on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
+    print(results_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_dict() for r in results], f, indent=2, default=str)
+    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+
+
+def cmd_bench(args, stop) -> int:
+    from .engine import run
+    from .report import results_table
+
+    result = run(_config(args, dict(args.toggle)), on_status=_progress, stop=stop, catch_errors=True)
+    print(results_table([result]))
+    if args.json:
+        result.to_json(args.json)
+    return 0 if result.status == "ok" else 1
+
+
+def cmd_doctor(args, stop) -> int:
+    from .doctor import facts
+    from .report import facts_table
+
+    _progress("checking torch.compile and bitsandbytes (a few seconds)")
+    print(facts_table(facts()))
+    return 0
+
+
+def cmd_toggles(args, stop) -> int:
+    from .toggles import ORDER
+
+    for t in ORDER:
+        modes = f" [modes: {', '.join(t.choices)}]" if t.choices else ""
+        print(f"{t.name:13} {t.summary}{modes}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
+    return 0
+
+
+COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "doctor": cmd_doctor, "toggles": cmd_toggles}
+
+if __name__ == "__main__":
+    sys.exit(main())

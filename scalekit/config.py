@@ -1,0 +1,177 @@
+"""RunConfig: everything that defines one measured run, validated up front with errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .data import DATA_SOURCES
+from .errors import ConfigError, ToggleUnavailable
+from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
+from .toggles import EXCLUSIVE, ORDER, TOGGLES
+
+PRESET_NAMES = ("auto", *PRESETS)
+
+
+def _allowed(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+@dataclass
+class RunConfig:
+    """One run: a model, its data and batch, the toggles switched on, and how long to measure."""
+
+    preset: str = "auto"
+    """Built-in GPT size: 'tiny', 'small', 'medium', 'gpt2-124m', or 'auto' (tiny on CPU, gpt2-124m on GPU)."""
+    toggles: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
+    """Optimizations to switch on: names, or {name: True | mode}, e.g. {"compile": "max-autotune"}."""
+    batch_size: int | None = None
+    """Sequences per optimizer step (None: the preset's default)."""
+    seq_len: int | None = None
+    """Tokens per sequence (None: the preset's context length)."""
+    steps: int = 20
+    """Measured steps (after the warm-up)."""
+    warmup_steps: int = 3
+    """Steps run first and not measured (compilation and allocator warm-up happen here)."""
+    log_every: int = 5
+    """Read the loss (a device sync) every this many steps."""
+    data: str = "auto"
+    """'shakespeare' (the shipped corpus), 'synthetic' (random tokens), or 'auto' (the preset's choice)."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    seed: int = 1337
+    """Seed for weights, data order and synthetic tokens."""
+    device: str = "auto"
+    """'auto' (first GPU, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
+    measure_memory: bool = True
+    """On CPU, run one extra unmeasured step with live-tensor accounting to find the peak memory."""
+    peak_tflops: float | None = None
+    """Dense peak TFLOP/s of the device for MFU; None uses scalekit's table (unknown device: MFU n/a)."""
+    model: Callable[[], torch.nn.Module] | torch.nn.Module | None = None
+    """Your own model (or a function that builds one) instead of the built-in GPT."""
+    batch_fn: Callable[[int, torch.device], Any] | None = None
+    """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn."""
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+    """With `model`: loss_fn(model, batch) -> scalar loss."""
+    tokens_per_sample: int = 1
+    """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
+    label: str | None = None
+    """Name of the run in tables and plots (None: made from the toggles)."""
+
+    def __post_init__(self) -> None:
+        self.toggles = _normalise_toggles(self.toggles)
+        self.validate()
+
+    # -- validation --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        if not isinstance(self.preset, str) or self.preset not in PRESET_NAMES:
+            raise ConfigError(f"RunConfig.preset: unknown preset {self.preset!r}; allowed: {_allowed(PRESET_NAMES)}")
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive_int(name, value)
+        _positive_int("steps", self.steps)
+        _positive_int("log_every", self.log_every)
+        _positive_int("tokens_per_sample", self.tokens_per_sample)
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, numbers.Integral) \
+                or self.warmup_steps < 0:
+            raise ConfigError(f"RunConfig.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+            raise ConfigError(f"RunConfig.seed must be an integer, got {self.seed!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not (0 < self.lr < float("inf")):
+            raise ConfigError(f"RunConfig.lr must be a positive finite number, got {self.lr!r}")
+        if self.data not in ("auto", *DATA_SOURCES):
+            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
+                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
+                                                    or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.peak_tflops is not None and (isinstance(self.peak_tflops, bool) or not isinstance(
+                self.peak_tflops, numbers.Real) or not (0 < self.peak_tflops < float("inf"))):
+            raise ConfigError(f"RunConfig.peak_tflops must be a positive number or None, got {self.peak_tflops!r}")
+        custom = (self.model, self.batch_fn, self.loss_fn)
+        if any(x is not None for x in custom) and not all(x is not None for x in custom):
+            raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model")
+        if self.model is not None:
+            if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
+                raise ConfigError("RunConfig.model must be an nn.Module or a function returning one")
+            for name in self.toggles:
+                if TOGGLES[name].gpt_only:
+                    raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
+                                            f"own model (RunConfig.model)")
+        for a, b, why in EXCLUSIVE:
+            if a in self.toggles and b in self.toggles:
+                raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
+
+    @property
+    def custom_model(self) -> bool:
+        return self.model is not None
+
+    # -- resolution against the hardware -----------------------------------------------------------
+    def resolve(self, hw) -> RunConfig:
+        """A copy with every 'auto' and None made concrete for the device `hw`."""
+        preset = self.preset
+        if preset == "auto":
+            preset = GPU_DEFAULT_PRESET if hw.device_type == "cuda" else CPU_DEFAULT_PRESET
+        p = PRESETS[preset]
+        data = self.data if self.data != "auto" else p.data
+        if self.custom_model:
+            data = "custom"
+        batch = self.batch_size or p.batch_size
+        seq = self.seq_len or p.block_size
+        return dataclasses.replace(self, preset=preset, data=data, batch_size=batch, seq_len=seq,
+                                   toggles=dict(self.toggles), label=self.label or self.describe())
+
+    def describe(self) -> str:
+        if not self.toggles:
+            return "baseline"
+        return " + ".join(n if v is True or v == (TOGGLES[n].choices or (None,))[0] else f"{n}={v}"
+                          for n, v in self.toggles.items())
+
+    def check_available(self, hw) -> None:
+        """Raise ToggleUnavailable for the first toggle this machine cannot run, with the reason."""
+        for name in self.toggles:
+            ok, why = TOGGLES[name].available(hw)
+            if not ok:
+                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+
+    def to_dict(self) -> dict:
+        """The fields that describe the run, JSON-friendly (a custom model is named by its class)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("model", "batch_fn", "loss_fn"):
+                value = None if value is None else getattr(value, "__qualname__", type(value).__qualname__)
+            out[f.name] = dict(value) if f.name == "toggles" else value
+        return out
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"RunConfig.{name} must be a positive integer, got {value!r}")
+
+
+def _normalise_toggles(toggles: Any) -> dict[str, Any]:
+    """Names or {name: value} → {name: validated value}, in application order."""
+    if isinstance(toggles, str):
+        toggles = [toggles]
+    if isinstance(toggles, Mapping):
+        items = list(toggles.items())
+    elif isinstance(toggles, (list, tuple, set, frozenset)):
+        items = [(name, True) for name in toggles]
+    else:
+        raise ConfigError(f"RunConfig.toggles must be a list of toggle names or a {{name: value}} dict, "
+                          f"got {type(toggles).__name__}")
+    chosen: dict[str, Any] = {}
+    for name, value in items:
+        if not isinstance(name, str) or name not in TOGGLES:
+            raise ConfigError(f"RunConfig.toggles: unknown toggle {name!r}; allowed: {_allowed(TOGGLES)}")
+        if value is False or value is None:
+            continue  # "off" is simply not building it in
+        chosen[name] = TOGGLES[name].validate(value)
+    return {t.name: chosen[t.name] for t in ORDER if t.name in chosen}

@@ -1,0 +1,249 @@
+"""The training loop: build a run fresh from its config, apply the toggles, measure the steps.
+
+Read `run` top to bottom: build (toggles applied phase by phase, in the order scalekit.toggles fixes),
+warm up, measure, probe memory, summarise.  Timing brackets each step; the loss is read only every
+`log_every` steps, because reading it waits for the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from . import hardware
+from .config import RunConfig
+from .data import shakespeare_batches, synthetic_batches
+from .measure import flops as flops_mod
+from .measure import memory
+from .measure.results import RunResult, StepRecord
+from .measure.timing import Spread, step_timer, synchronize
+from .models import GPT, PRESETS
+from .toggles import BuildContext, apply_toggles
+
+StepCallback = Callable[[StepRecord], None]
+StatusCallback = Callable[[str], None]
+
+
+def gpt_loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return model(x, y)[1]
+
+
+def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) -> BuildContext:
+    """Everything a run needs, built fresh: data, model, wrappers, optimizer, step contexts."""
+    torch.manual_seed(cfg.seed)
+    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack)
+    apply_toggles(ctx, "process", cfg.toggles)
+
+    apply_toggles(ctx, "data", cfg.toggles)
+    ctx.batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
+
+    if cfg.custom_model:
+        model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
+        ctx.loss_fn = cfg.loss_fn
+    else:
+        ctx.gpt_config = PRESETS[cfg.preset].gpt_config(cfg.seq_len)
+        apply_toggles(ctx, "model_config", cfg.toggles)
+        model = GPT(ctx.gpt_config)
+        ctx.loss_fn = gpt_loss
+    ctx.base_model = model.to(ctx.device)  # unwrapped: for FLOPs, memory and checkpoints
+    ctx.model = ctx.base_model
+
+    apply_toggles(ctx, "wrap", cfg.toggles)
+    apply_toggles(ctx, "optimizer", cfg.toggles)
+    ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=cfg.lr, **ctx.optimizer_kwargs)
+    apply_toggles(ctx, "step", cfg.toggles)
+    return ctx
+
+
+def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
+    if cfg.custom_model:
+        return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
+    if cfg.data == "synthetic":
+        vocab = PRESETS[cfg.preset].vocab_size
+        return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
+    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs)
+    return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
+
+
+def train_step(ctx: BuildContext, batch) -> torch.Tensor:
+    """One optimizer step: forward under the step contexts, backward, update, clear gradients."""
+    autocast = (torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype) if ctx.autocast_dtype
+                else contextlib.nullcontext())
+    with autocast:
+        loss = ctx.loss_fn(ctx.model, batch)
+    if ctx.grad_scaler is not None:
+        ctx.grad_scaler.scale(loss).backward()
+        ctx.grad_scaler.step(ctx.optimizer)
+        ctx.grad_scaler.update()
+    else:
+        loss.backward()
+        ctx.optimizer.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def tokens_per_step(cfg: RunConfig) -> int:
+    if cfg.custom_model:
+        return cfg.batch_size * cfg.tokens_per_sample
+    return cfg.batch_size * cfg.seq_len
+
+
+def flops_per_step(ctx: BuildContext) -> float | None:
+    cfg = ctx.config
+    if not cfg.custom_model:
+        g = ctx.gpt_config
+        per_token = flops_mod.gpt_train_flops_per_token(ctx.base_model.num_params(), g.n_layer, g.n_embd, cfg.seq_len)
+        return per_token * tokens_per_step(cfg)
+    # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
+        batch = cfg.batch_fn(cfg.batch_size, ctx.device)
+        counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
+    ctx.base_model.zero_grad(set_to_none=True)
+    return counted or None
+
+
+def mfu_dtype(toggles: dict) -> str:
+    for name in ("bf16", "fp16", "tf32"):
+        if name in toggles:
+            return name
+    return "fp32"
+
+
+def run(config: RunConfig, on_step: StepCallback | None = None, on_status: StatusCallback | None = None,
+        stop: Any = None, hw: hardware.Hardware | None = None, catch_errors: bool = False) -> RunResult:
+    """Build `config` fresh, run warm-up then measured steps, and return what was measured.
+
+    on_step receives each StepRecord (at sync points); on_status short progress messages; `stop` is
+    anything with is_set() (a threading.Event), checked between steps.  With catch_errors, a failure
+    during the run comes back as a result with status "failed" and the error in plain words.
+    """
+    hw = hw or hardware.detect(config.device)
+    cfg = config.resolve(hw)
+    cfg.check_available(hw)
+    status = on_status or (lambda message: None)
+    result = RunResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
+                       torch_version=torch.__version__, tokens_per_step=tokens_per_step(cfg))
+    try:
+        with contextlib.ExitStack() as stack:
+            t_build = time.perf_counter()
+            status(f"building {cfg.label} ({cfg.preset if not cfg.custom_model else 'your model'})")
+            ctx = build(cfg, hw, stack)
+            result.notes.extend(ctx.notes)
+            result.flops_per_step = flops_per_step(ctx)
+            result.build_s = time.perf_counter() - t_build
+            _measure(ctx, result, on_step, stop, status)
+            _summarise(ctx, result)
+            if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
+                status("counting live tensor memory on one extra step")
+                _probe_cpu_memory(ctx, result)
+            del ctx
+    except Exception as exc:
+        if not catch_errors:
+            raise
+        result.status = "failed"
+        result.error = plain_error(exc)
+    finally:
+        gc.collect()
+        if hw.device_type == "cuda":
+            torch.cuda.empty_cache()
+    status(f"{cfg.label}: {result.status}")
+    return result
+
+
+def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
+    cfg = ctx.config
+    timer = step_timer(ctx.device)
+    total = cfg.warmup_steps + cfg.steps
+    tokens = result.tokens_per_step
+    pending_first = 0  # index of the first step not yet reported
+    wall_t0 = None
+    if "compile" in cfg.toggles:
+        status("compiling: the first step includes compilation and can take a while")
+    for i in range(total):
+        if stop is not None and stop.is_set():
+            result.status = "stopped"
+            break
+        if i == cfg.warmup_steps:
+            synchronize(ctx.device)
+            memory.cuda_memory_reset(ctx.device)
+            status(f"measuring {cfg.steps} steps")
+            wall_t0 = time.perf_counter()
+        timer.start()
+        loss = train_step(ctx, next(ctx.batches))
+        timer.stop()
+        warm = i < cfg.warmup_steps
+        if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:
+            loss_value = loss.item()  # waits for the device: only at these sync points
+            mem = memory.current_bytes(ctx.device)
+            for j, ms in enumerate(timer.collect(), start=pending_first):
+                last = j == i
+                record = StepRecord(step=j, warmup=j < cfg.warmup_steps, step_ms=ms, tokens_per_s=tokens / (ms / 1e3),
+                                    loss=loss_value if last else None, mem_bytes=mem if last else None)
+                result.steps.append(record)
+                if on_step is not None:
+                    on_step(record)
+            pending_first = i + 1
+            result.losses.append((i, loss_value))
+            if warm:
+                status(f"warm-up step {i + 1}/{cfg.warmup_steps}: {result.steps[-1].step_ms:.0f} ms")
+    # steps timed but not yet collected (a stop between sync points) still count
+    for j, ms in enumerate(timer.collect(), start=pending_first):
+        result.steps.append(StepRecord(j, j < cfg.warmup_steps, ms, tokens / (ms / 1e3), None, None))
+    synchronize(ctx.device)
+    if wall_t0 is not None:
+        measured = [s for s in result.steps if not s.warmup]
+        result.tokens_per_s_wall = len(measured) * tokens / (time.perf_counter() - wall_t0)
+    if ctx.device.type == "cuda" and wall_t0 is not None:
+        result.peak_mem_bytes, result.peak_mem_reserved_bytes = memory.cuda_peak(ctx.device)
+        result.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
+
+
+def _summarise(ctx: BuildContext, result: RunResult) -> None:
+    cfg = ctx.config
+    measured = [s.step_ms for s in result.steps if not s.warmup]
+    result.step_ms = Spread.of(measured)
+    if result.steps:
+        result.first_step_ms = result.steps[0].step_ms
+    if measured:
+        median_s = result.step_ms.median / 1e3
+        result.tokens_per_s = result.tokens_per_step / median_s
+        if "compile" in cfg.toggles:
+            result.compile_s = max(0.0, (result.first_step_ms - result.step_ms.median) / 1e3)
+        if cfg.peak_tflops is not None:
+            result.peak_tflops, why = cfg.peak_tflops, "peak_tflops given in the config"
+        else:
+            result.peak_tflops, why = ctx.hw.peak_tflops(mfu_dtype(cfg.toggles))
+        result.mfu = flops_mod.mfu(result.flops_per_step, median_s, result.peak_tflops)
+        result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
+    if result.losses:
+        result.final_loss = result.losses[-1][1]
+
+
+def _probe_cpu_memory(ctx: BuildContext, result: RunResult) -> None:
+    """Peak live tensor bytes over one extra (untimed) step, starting from weights and optimizer state."""
+    baseline = [*ctx.base_model.parameters(), *ctx.base_model.buffers(),
+                *memory.optimizer_state_tensors(ctx.optimizer)]
+    tracker = memory.LiveTensorBytes(baseline)
+    with tracker:
+        train_step(ctx, next(ctx.batches))
+    result.peak_mem_bytes = tracker.peak_bytes
+    result.mem_source = "live tensor bytes over one extra step (CPU has no allocator statistics)"
+    if "compile" in ctx.config.toggles:
+        result.mem_source += "; compiled code is counted as it runs under the tracker, i.e. eagerly"
+
+
+def plain_error(exc: BaseException) -> str:
+    """A failure in words a user can act on, without the traceback."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
+        return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
+    if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:
+        return f"torch.compile failed: {type(exc).__name__}: {text[:300]}"
+    return f"{type(exc).__name__}: {text[:300]}"

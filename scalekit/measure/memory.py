@@ -1,0 +1,91 @@
+"""Peak memory: from the CUDA caching allocator on a GPU, from live-tensor accounting on the CPU.
+
+The CPU has no allocator statistics, and the process's RSS mixes in Python, libraries and freed-but-kept
+pages.  `LiveTensorBytes` counts the bytes of tensor storages alive at each moment: storages that exist
+when it starts are counted as a baseline, and every op's output storage that is new is added until it is
+freed (a weak reference tells us when).  Views and in-place results share storages and are not counted
+twice.  It runs on one extra, untimed step: accounting every op would distort the step times.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes held by the distinct storages behind `tensors` (shared/tied storages counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Tracks live tensor-storage bytes while active; `peak_bytes` includes the baseline passed in."""
+
+    def __init__(self, baseline: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.baseline_bytes = 0
+        for t in baseline:
+            self._track(t.untyped_storage(), baseline=True)
+        self.current_bytes = self.baseline_bytes
+        self.peak_bytes = self.current_bytes
+
+    def _track(self, storage: torch.UntypedStorage, baseline: bool = False) -> None:
+        key = storage.data_ptr()
+        if key in self._live or storage.nbytes() == 0:
+            return
+        n = storage.nbytes()
+        self._live[key] = n
+        if baseline:
+            self.baseline_bytes += n
+        else:
+            self.current_bytes += n
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        weakref.finalize(storage, self._release, key, n)
+
+    def _release(self, key: int, n: int) -> None:
+        if self._live.get(key) == n:
+            del self._live[key]
+            self.current_bytes -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                self._track(t.untyped_storage())
+        return out
+
+
+def cuda_memory_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_peak(device: torch.device) -> tuple[int, int]:
+    """(max allocated, max reserved) bytes since the last reset."""
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def current_bytes(device: torch.device) -> int | None:
+    """Memory in use now: allocator bytes on a GPU, the process's RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except ImportError:
+        return None

@@ -1,0 +1,116 @@
+"""RunResult: what one run measured, and `compare` for side-by-side ratios."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .timing import Spread
+
+STATUSES = ("ok", "stopped", "failed", "skipped")
+
+
+@dataclass
+class StepRecord:
+    """One step as streamed to callbacks and kept for plots."""
+
+    step: int  # 0-based, counting warm-up steps
+    warmup: bool
+    step_ms: float
+    tokens_per_s: float
+    loss: float | None  # only read every log_every steps (a sync point)
+    mem_bytes: int | None  # allocator bytes on GPU, RSS on CPU, read at sync points
+
+
+@dataclass
+class RunResult:
+    label: str
+    config: dict
+    status: str = "ok"  # one of STATUSES
+    error: str | None = None  # for "failed": what went wrong, in plain words
+    device: str = ""
+    torch_version: str = ""
+    tokens_per_step: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+    step_ms: Spread | None = None  # over measured steps only
+    tokens_per_s: float | None = None  # tokens_per_step / median step time
+    tokens_per_s_wall: float | None = None  # measured tokens / wall time of the measured loop, harness included
+    first_step_ms: float | None = None  # includes compilation when compile is on
+    compile_s: float | None = None  # first step minus a steady step, when compile is on
+    build_s: float | None = None  # model, data and optimizer set-up before the first step
+    peak_mem_bytes: int | None = None
+    peak_mem_reserved_bytes: int | None = None  # GPU allocator only
+    mem_source: str = ""
+    flops_per_step: float | None = None
+    peak_tflops: float | None = None
+    mfu: float | None = None
+    mfu_note: str = ""
+    final_loss: float | None = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median_step_ms(self) -> float | None:
+        return self.step_ms.median if self.step_ms else None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("ok", "stopped") and bool(self.step_ms and self.step_ms.n)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["median_step_ms"] = self.median_step_ms
+        return d
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write the full result as JSON, atomically."""
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".scalekit-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=2, default=str)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def summary_row(self) -> dict[str, Any]:
+        s = self.step_ms
+        return {
+            "run": self.label,
+            "status": self.status,
+            "step_ms": s.median if s else None,
+            "step_ms_iqr": s.iqr if s else None,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_mem_mb": self.peak_mem_bytes / 2**20 if self.peak_mem_bytes else None,
+            "mfu": self.mfu,
+            "final_loss": self.final_loss,
+            "compile_s": self.compile_s,
+            "note": self.error or "; ".join(self.notes),
+        }
+
+
+def compare(results: list[RunResult]):
+    """A pandas DataFrame, one row per run, with speed-up and memory ratio against the first row."""
+    import pandas as pd
+
+    rows = [r.summary_row() for r in results]
+    df = pd.DataFrame(rows)
+    if rows:
+        base = rows[0]
+        df["speedup"] = [_ratio(base["step_ms"], r["step_ms"]) for r in rows]
+        df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base["peak_mem_mb"]) for r in rows]
+    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "peak_mem_mb", "mem_ratio",
+            "mfu", "final_loss", "compile_s", "note"]
+    return df.reindex(columns=cols)
+
+
+def _ratio(num, den):
+    if num is None or den is None or not den or (isinstance(num, float) and math.isnan(num)):
+        return None
+    return num / den

@@ -1,0 +1,167 @@
+"""A nanoGPT-style GPT: small enough to read in one sitting, shaped like GPT-2 at full size.
+
+The attention implementation is a switch (`attention="manual"` or `"sdpa"`) so the SDPA toggle can swap
+it, and the vocabulary can be padded (`padded_vocab_size`) so the nice-numbers toggle can round it up to a
+multiple of 64 without changing what the model computes: padded logits are set to -inf, so they never
+receive probability mass in the loss or in sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_IMPLS = ("manual", "sdpa")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest sequence the position table holds
+    vocab_size: int = 50257  # real vocabulary (token ids are < vocab_size)
+    padded_vocab_size: int | None = None  # rows in the embedding/lm_head; None means vocab_size
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    attention: str = "manual"  # "manual" (explicit softmax(QK^T)V) or "sdpa" (F.scaled_dot_product_attention)
+    bias: bool = True
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.padded_vocab_size or self.vocab_size
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual_scale_init = True
+        self.n_head = cfg.n_head
+        self.attention = cfg.attention
+        if cfg.attention == "manual":
+            mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
+            self.register_buffer("causal_mask", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # fused kernel where the device has one
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual_scale_init = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"GPTConfig.attention must be one of {ATTENTION_IMPLS}, got {cfg.attention!r}")
+        if cfg.embedding_rows < cfg.vocab_size:
+            raise ValueError("GPTConfig.padded_vocab_size must be >= vocab_size")
+        self.config = cfg
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.embedding_rows, cfg.n_embd),
+                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.embedding_rows, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying (GPT-2)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2 init; residual projections scaled by 1/sqrt(2 * n_layer)
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_scale_init", False):
+                std *= (2 * self.config.n_layer) ** -0.5
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters counted once (tied weights once); without the position table and padded vocab rows."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+            n -= (self.config.embedding_rows - self.config.vocab_size) * self.config.n_embd
+        return n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, embedding_rows)
+        V = self.config.vocab_size
+        if logits.size(-1) > V:
+            # padded rows are not tokens: -inf gives them zero probability and zero gradient.
+            # (in place is safe: the matmul's backward needs its inputs, not its output)
+            logits[..., V:] = float("-inf")
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits[..., :V], loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample tokens autoregressively (no KV cache: each step re-reads the whole context)."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.config.block_size:]
+            logits, _ = self(ctx)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = float("-inf")
+            probs = F.softmax(logits.float(), dim=-1)
+            nxt = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat((idx, nxt), dim=1)
+        return idx

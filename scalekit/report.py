@@ -1,0 +1,51 @@
+"""Plain-text tables for terminals: the Before/After table of runs, and the doctor's facts."""
+
+from __future__ import annotations
+
+from .measure.results import RunResult
+
+
+def _fmt(value, spec: str, missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def results_table(results: list[RunResult]) -> str:
+    """One line per run: median step time with its spread, throughput, speed-up vs the first row, memory, MFU."""
+    base = next((r for r in results if r.finished), None)
+    header = ["run", "step ms", "p25–p75 ms", "tokens/s", "speed-up", "peak MB", "mem ×", "MFU", "loss", "note"]
+    rows = []
+    for r in results:
+        if not r.finished:
+            rows.append([r.label, "—", "—", "—", "—", "—", "—", "—", "—", f"{r.status}: {r.error or ''}".strip()])
+            continue
+        s = r.step_ms
+        speedup = base.step_ms.median / s.median if base else None
+        mem_ratio = (r.peak_mem_bytes / base.peak_mem_bytes) if base and base.peak_mem_bytes and r.peak_mem_bytes \
+            else None
+        notes = list(r.notes)
+        if r.compile_s is not None:
+            notes.insert(0, f"compile {r.compile_s:.1f} s")
+        if r.status == "stopped":
+            notes.insert(0, "stopped")
+        rows.append([
+            r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", f"{r.tokens_per_s:,.0f}", f"{speedup:.2f}×",
+            _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),
+            "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%", _fmt(r.final_loss, ".4f"), "; ".join(notes),
+        ])
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    numeric = set(range(1, 9))
+
+    def line(cells) -> str:
+        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [line(header), line("-" * w for w in widths), *(line(r) for r in rows)]
+    footer = [f"device: {base.device}; torch {base.torch_version}; memory: {base.mem_source}"] if base else []
+    mfu_notes = {r.mfu_note for r in results if r.finished and r.mfu is None and r.mfu_note}
+    footer += [f"MFU {note}" for note in sorted(mfu_notes)]
+    return "\n".join(out + footer)
+
+
+def facts_table(facts: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in facts)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in facts)

@@ -1,0 +1,27 @@
+"""bf16 autocast: run matmuls and most ops in bfloat16, keep weights and reductions in fp32."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import BuildContext, Toggle
+
+
+class BF16(Toggle):
+    name = "bf16"
+    summary = "autocast to bfloat16: half the bytes per activation, fast tensor-core matmuls"
+    cost = "8-bit mantissa in autocast regions; losses drift slightly from fp32"
+    helps_when = "the GPU has bf16 tensor cores (Ampere+); on CPUs with AVX512-BF16/AMX and larger models"
+    group = "precision"
+    phase = "step"
+
+    def available(self, hw) -> tuple[bool, str]:
+        if hw.bf16_supported:
+            return True, ""
+        return False, f"{hw.device_name} (compute capability {hw.capability}) has no bf16 support; use fp16"
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        ctx.autocast_dtype = torch.bfloat16
+
+
+TOGGLE = BF16()

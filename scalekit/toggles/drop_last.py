@@ -1,0 +1,22 @@
+"""drop_last: skip the short final batch of each epoch so every step has the same shape."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+
+class DropLast(Toggle):
+    name = "drop_last"
+    summary = "DataLoader(drop_last=True): every batch has the same shape"
+    cost = "up to batch_size-1 samples per epoch are not seen in that epoch"
+    helps_when = "compiled or CUDA-graphed models, which recompile (or fail) on a short last batch"
+    group = "data"
+    phase = "data"
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        ctx.loader_kwargs["drop_last"] = True
+        if ctx.config.data == "synthetic":
+            ctx.notes.append("drop_last has no effect on synthetic data (it has no epochs)")
+
+
+TOGGLE = DropLast()

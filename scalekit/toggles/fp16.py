@@ -1,0 +1,23 @@
+"""fp16 autocast with a GradScaler: the mixed-precision recipe for GPUs without bf16."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import BuildContext, Toggle
+
+
+class FP16(Toggle):
+    name = "fp16"
+    summary = "autocast to float16 with dynamic loss scaling (GradScaler)"
+    cost = "narrow range: gradients need scaling, and a skipped step when they overflow"
+    helps_when = "the GPU has fp16 but no bf16 tensor cores (V100, T4)"
+    group = "precision"
+    phase = "step"
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        ctx.autocast_dtype = torch.float16
+        ctx.grad_scaler = torch.amp.GradScaler(ctx.device.type)
+
+
+TOGGLE = FP16()

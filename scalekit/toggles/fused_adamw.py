@@ -1,0 +1,20 @@
+"""Fused AdamW: one kernel updates every parameter, instead of a loop of small kernels."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+
+class FusedAdamW(Toggle):
+    name = "fused_adamw"
+    summary = "AdamW(fused=True): the whole optimizer step in one fused kernel"
+    cost = "none in results; needs floating-point parameters on a supported device"
+    helps_when = "many parameter tensors make the optimizer step launch-bound (GPU) or loop-bound (CPU)"
+    group = "optimizer"
+    phase = "optimizer"
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        ctx.optimizer_kwargs["fused"] = True
+
+
+TOGGLE = FusedAdamW()

@@ -1,0 +1,36 @@
+"""Nice numbers: pad the vocabulary to a multiple of 64 and check batch and sequence sizes against 8."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+VOCAB_MULTIPLE = 64
+SHAPE_MULTIPLE = 8
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class NiceNumbers(Toggle):
+    name = "nice_numbers"
+    summary = "vocab padded to a multiple of 64 (50257 → 50304); batch and sequence checked against 8"
+    cost = "a few unused embedding rows (their logits are masked to -inf)"
+    helps_when = "matmul dimensions are odd: kernels work in tiles, and ragged edges waste a whole tile"
+    group = "shapes"
+    phase = "model_config"
+    gpt_only = True
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        cfg = ctx.gpt_config
+        cfg.padded_vocab_size = round_up(cfg.vocab_size, VOCAB_MULTIPLE)
+        if cfg.padded_vocab_size != cfg.vocab_size:
+            ctx.notes.append(f"vocab padded {cfg.vocab_size} → {cfg.padded_vocab_size}")
+        for field in ("batch_size", "seq_len"):
+            value_ = getattr(ctx.config, field)
+            if value_ % SHAPE_MULTIPLE:
+                ctx.notes.append(f"{field}={value_} is not a multiple of {SHAPE_MULTIPLE}: try "
+                                 f"{round_up(value_, SHAPE_MULTIPLE)}")
+
+
+TOGGLE = NiceNumbers()
