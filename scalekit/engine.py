@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import hardware
 from .config import RunConfig
@@ -57,7 +58,10 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
 
     apply_toggles(ctx, "wrap", cfg.toggles)
     apply_toggles(ctx, "optimizer", cfg.toggles)
-    ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=cfg.lr, **ctx.optimizer_kwargs)
+    if ctx.optimizer_factory is not None:
+        ctx.optimizer = ctx.optimizer_factory(ctx.model.parameters())
+    else:
+        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=cfg.lr, **ctx.optimizer_kwargs)
     apply_toggles(ctx, "step", cfg.toggles)
     return ctx
 
@@ -72,21 +76,40 @@ def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> I
     return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
 
 
+def split_batch(batch, parts: int) -> list:
+    """Split every tensor in `batch` into `parts` equal micro-batches along dim 0."""
+    if parts == 1:
+        return [batch]
+    leaves, spec = tree_flatten(batch)
+    chunks = [leaf.chunk(parts) if isinstance(leaf, torch.Tensor) else [leaf] * parts for leaf in leaves]
+    return [tree_unflatten([c[k] for c in chunks], spec) for k in range(parts)]
+
+
 def train_step(ctx: BuildContext, batch) -> torch.Tensor:
-    """One optimizer step: forward under the step contexts, backward, update, clear gradients."""
-    autocast = (torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype) if ctx.autocast_dtype
-                else contextlib.nullcontext())
-    with autocast:
-        loss = ctx.loss_fn(ctx.model, batch)
+    """One optimizer step: forward and backward per micro-batch under the step contexts, update, clear grads."""
+    micro_batches = split_batch(batch, ctx.grad_accum_steps)
+    losses = []
+    for k, micro in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
+        # gradients are averaged over micro-batches: the same as one step on the whole batch
+        sync = contextlib.nullcontext() if last or ctx.no_sync is None else ctx.no_sync()
+        autocast = (torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype) if ctx.autocast_dtype
+                    else contextlib.nullcontext())
+        with sync:
+            with autocast:
+                loss = ctx.loss_fn(ctx.model, micro) / len(micro_batches)
+            if ctx.grad_scaler is not None:
+                ctx.grad_scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        losses.append(loss.detach())
     if ctx.grad_scaler is not None:
-        ctx.grad_scaler.scale(loss).backward()
         ctx.grad_scaler.step(ctx.optimizer)
         ctx.grad_scaler.update()
     else:
-        loss.backward()
         ctx.optimizer.step()
     ctx.optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
 
 def tokens_per_step(cfg: RunConfig) -> int:
@@ -177,6 +200,8 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
             wall_t0 = time.perf_counter()
         timer.start()
         loss = train_step(ctx, next(ctx.batches))
+        for hook in ctx.after_step:
+            hook(i)
         timer.stop()
         warm = i < cfg.warmup_steps
         if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:

@@ -1,0 +1,26 @@
+"""Small helpers the course notebooks share: pick sizes for the hardware, and Before/After tables."""
+
+from __future__ import annotations
+
+from .hardware import detect
+from .measure.results import RunResult, compare
+
+
+def on_gpu() -> bool:
+    return detect().device_type == "cuda"
+
+
+def pick(cpu, gpu):
+    """The CPU-sized value on a laptop or Binder, the full-size one on a GPU machine."""
+    return gpu if on_gpu() else cpu
+
+
+def before_after(results: list[RunResult], reference_ms: dict[str, float] | None = None, reference_name: str = ""):
+    """compare(results), plus the public reference step time and speed-up beside each row where one exists."""
+    df = compare(results)
+    if reference_ms:
+        base = reference_ms.get("baseline")
+        col = f"reference ms ({reference_name})" if reference_name else "reference ms"
+        df[col] = [reference_ms.get(r) for r in df["run"]]
+        df["reference speedup"] = [base / v if base and v else None for v in df[col]]
+    return df

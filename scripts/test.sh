@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh Debian/Ubuntu machine, then run all of it:
+# unit tests, the course notebooks under nbval, and the JupyterLab browser test in headless Chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build.
+python3 -m pip install --quiet "torch==2.13.0"
+python3 -m pip install --quiet -e ".[test]"
+
+# The browser test drives Debian's Chromium through Playwright (no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+export SCALEKIT_CACHE="${SCALEKIT_CACHE:-$(mktemp -d)}"
+python3 -m pytest --nbval-lax tests notebooks "$@"

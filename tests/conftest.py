@@ -1,0 +1,24 @@
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (torch sees no CUDA device)")
+    skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "multi_gpu" in item.keywords and (not HAS_CUDA or torch.cuda.device_count() < 2):
+            item.add_marker(skip_multi)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _scalekit_cache(tmp_path_factory):
+    # tokenized corpus goes to a per-session folder unless the caller chose one
+    if "SCALEKIT_CACHE" not in os.environ:
+        os.environ["SCALEKIT_CACHE"] = str(tmp_path_factory.mktemp("scalekit-cache"))
+    yield
