@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # Ctrl-C ends the current step cleanly instead of leaving a half-measured run
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: (stop.set(), _progress("stopping after this step…")))
+    previous = signal.signal(signal.SIGINT, lambda *_: (stop.set(), _progress("stopping after this step…")))
     try:
         return COMMANDS[args.command](args, stop)
     except ConfigError as exc:
         print(f"scalekit: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cmd_ladder(args, stop) -> int:

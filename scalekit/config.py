@@ -85,7 +85,7 @@ class RunConfig:
             raise ConfigError(f"RunConfig.seed must be an integer, got {self.seed!r}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not (0 < self.lr < float("inf")):
             raise ConfigError(f"RunConfig.lr must be a positive finite number, got {self.lr!r}")
-        if self.data not in ("auto", *DATA_SOURCES):
+        if self.data not in ("auto", *DATA_SOURCES) and not (self.data == "custom" and self.model is not None):
             raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
                               f"{_allowed(('auto', *DATA_SOURCES))}")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")

@@ -161,11 +161,13 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
             result.notes.extend(ctx.notes)
             result.flops_per_step = flops_per_step(ctx)
             result.build_s = time.perf_counter() - t_build
+            grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
             _measure(ctx, result, on_step, stop, status)
             _summarise(ctx, result)
             if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
                 status("counting live tensor memory on one extra step")
                 _probe_cpu_memory(ctx, result)
+            _memory_breakdown(ctx, result, grads.grads_bytes)
             del ctx
     except Exception as exc:
         if not catch_errors:
@@ -256,12 +258,30 @@ def _probe_cpu_memory(ctx: BuildContext, result: RunResult) -> None:
     baseline = [*ctx.base_model.parameters(), *ctx.base_model.buffers(),
                 *memory.optimizer_state_tensors(ctx.optimizer)]
     tracker = memory.LiveTensorBytes(baseline)
-    with tracker:
-        train_step(ctx, next(ctx.batches))
+    compiled = "compile" in ctx.config.toggles
+    # a dispatch mode cannot see inside compiled kernels, and dynamo would mark the model's code as
+    # "skip" for the rest of the process: probe the eager model instead, and say so
+    model, ctx.model = ctx.model, (ctx.base_model if compiled else ctx.model)
+    try:
+        with tracker:
+            train_step(ctx, next(ctx.batches))
+    finally:
+        ctx.model = model
     result.peak_mem_bytes = tracker.peak_bytes
     result.mem_source = "live tensor bytes over one extra step (CPU has no allocator statistics)"
-    if "compile" in ctx.config.toggles:
-        result.mem_source += "; compiled code is counted as it runs under the tracker, i.e. eagerly"
+    if compiled:
+        result.mem_source += "; compiled runs are probed eagerly"
+
+
+def _memory_breakdown(ctx: BuildContext, result: RunResult, grads_bytes: int | None) -> None:
+    """Split the measured peak: weights, gradients, optimizer state, and the rest (activations, temporaries)."""
+    if result.peak_mem_bytes is None or grads_bytes is None:
+        return
+    result.params_bytes = memory.storage_bytes([*ctx.base_model.parameters(), *ctx.base_model.buffers()])
+    result.grads_bytes = grads_bytes
+    result.optimizer_state_bytes = memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer))
+    rest = result.params_bytes + result.grads_bytes + result.optimizer_state_bytes
+    result.activations_bytes = max(0, result.peak_mem_bytes - rest)
 
 
 def plain_error(exc: BaseException) -> str:

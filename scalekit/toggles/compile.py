@@ -33,6 +33,9 @@ class Compile(Toggle):
 
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.compile_mode = value
+        # every run compiles afresh: compiled code and guards left by earlier runs in this process would
+        # otherwise count against dynamo's recompile limit (past it, dynamo silently runs eagerly)
+        torch._dynamo.reset()
         ctx.model = torch.compile(ctx.model, mode=value)
 
 

@@ -1,0 +1,52 @@
+"""Weights saved from a compiled model load into a plain one, exactly, without `_orig_mod.` in the file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from scalekit import checkpoint
+from scalekit.models import GPT, PRESETS
+
+
+@pytest.mark.slow
+def test_compiled_model_round_trip_is_exact_and_clean(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(PRESETS["tiny"].gpt_config())
+    compiled = torch.compile(model)
+    idx = torch.randint(0, 65, (2, 16))
+    compiled(idx, idx)[1].backward()  # compile really ran
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())  # the trap
+    path = tmp_path / "weights.pt"
+    checkpoint.save(compiled, path)
+    saved = torch.load(path, weights_only=True)
+    assert not any("_orig_mod" in k for k in saved)
+    fresh = GPT(PRESETS["tiny"].gpt_config())
+    checkpoint.load(fresh, path)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0)
+    torch.testing.assert_close(fresh(idx)[0], model(idx)[0], rtol=0, atol=0)
+    assert os.listdir(tmp_path) == ["weights.pt"]  # no temporary file left behind
+
+
+def test_a_failed_save_leaves_no_file(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError):
+        checkpoint.save(torch.nn.Linear(2, 2), tmp_path / "w.pt")
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwrap_sees_through_wrappers():
+    inner = torch.nn.Linear(2, 2)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = inner
+
+    assert checkpoint.unwrap(Wrapper()) is inner

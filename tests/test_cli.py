@@ -1,0 +1,62 @@
+"""The scalekit command: bench, ladder, doctor, and errors in words."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scalekit.cli import main
+
+
+def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = main(["bench", "--preset", "tiny", "--steps", "4", "--warmup-steps", "1", "--toggle", "bf16",
+                 "--toggle", "fused_adamw", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr()
+    assert "fused_adamw + bf16" in printed.out and "tokens/s" in printed.out
+    assert "measuring 4 steps" in printed.err  # progress is visible
+    data = json.loads(out.read_text())
+    assert data["config"]["toggles"] == {"fused_adamw": True, "bf16": True}
+    assert len([s for s in data["steps"] if not s["warmup"]]) == 4
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["bench", "--batch-size", "-1"], "RunConfig.batch_size must be a positive integer"),
+    (["bench", "--toggle", "nope"], "unknown toggle 'nope'; allowed:"),
+    (["bench", "--preset", "huge"], "unknown preset 'huge'; allowed: auto, tiny"),
+    (["bench", "--toggle", "tf32", "--device", "cpu"], "'tf32' is unavailable on this machine"),
+])
+def test_bad_input_exits_2_with_a_message_not_a_traceback(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ladder_end_to_end_in_a_fresh_process(tmp_path):
+    out = tmp_path / "ladder.json"
+    proc = subprocess.run([sys.executable, "-m", "scalekit.cli", "ladder", "--steps", "4", "--warmup-steps", "1",
+                           "--device", "cpu", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["label"] for r in rows] == ["baseline", "+ tf32", "+ bf16", "+ compile", "+ sdpa", "+ nice_numbers",
+                                          "+ fused_adamw"]
+    assert rows[1]["status"] == "skipped" and "CPU" in rows[1]["error"]
+    assert all(r["status"] == "ok" for r in rows if r["label"] != "+ tf32")
+    # cumulative: each rung keeps the ones below it
+    assert rows[-1]["config"]["toggles"] == {"sdpa": True, "nice_numbers": True, "compile": "default",
+                                             "fused_adamw": True, "bf16": True}
+    for word in ("step ms", "speed-up", "MFU", "compile", "skipped"):
+        assert word in proc.stdout
+
+
+def test_doctor_reports_the_facts(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for word in ("device", "bf16", "tf32", "peak bf16 (for MFU)", "torch.compile", "bitsandbytes",
+                 "toggle tf32", "unavailable:"):
+        assert word in out

@@ -1,0 +1,20 @@
+"""torch.compile changes how the model runs, not what it computes."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalekit import run
+from tests.helpers import tiny
+
+
+@pytest.mark.slow
+def test_compiled_and_eager_losses_agree_after_n_steps():
+    kwargs = dict(steps=8, warmup_steps=0, log_every=1, measure_memory=False)
+    eager = run(tiny(**kwargs))
+    compiled = run(tiny(toggles=["compile"], **kwargs))
+    assert len(eager.losses) == len(compiled.losses) == 8
+    for (step_e, loss_e), (step_c, loss_c) in zip(eager.losses, compiled.losses):
+        assert step_e == step_c
+        assert loss_c == pytest.approx(loss_e, rel=1e-4, abs=1e-4)
+    assert eager.final_loss < eager.losses[0][1]  # both really trained
