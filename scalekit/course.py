@@ -15,6 +15,21 @@ def pick(cpu, gpu):
     return gpu if on_gpu() else cpu
 
 
+PLOT_RENDERER = "plotly_mimetype+notebook"
+
+
+def setup_plots() -> str:
+    """Make plotly figures render in JupyterLab and in a static HTML export of the executed notebook.
+
+    JupyterLab draws plotly's mimetype; `jupyter nbconvert --to html` cannot, so each figure also carries
+    HTML, with plotly.js embedded once per notebook instead of fetched from a CDN (works offline).
+    """
+    import plotly.io as pio
+
+    pio.renderers.default = PLOT_RENDERER
+    return PLOT_RENDERER
+
+
 def before_after(results: list[RunResult], reference_ms: dict[str, float] | None = None, reference_name: str = ""):
     """compare(results), plus the public reference step time and speed-up beside each row where one exists."""
     df = compare(results)

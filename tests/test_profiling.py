@@ -1,0 +1,72 @@
+import json
+
+import pytest
+import torch
+
+from scalekit import RunConfig
+from scalekit.profiling import STEP_RANGE, compiled_kernels, peak_bytes, profile_steps, time_ms
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    trace = tmp_path_factory.mktemp("trace") / "step.json"
+    return profile_steps(RunConfig(preset="tiny", device="cpu"), steps=2, warmup_steps=1, trace_path=trace)
+
+
+def test_trace_is_a_chrome_trace_with_one_range_per_step(tiny_profile):
+    trace = json.loads(tiny_profile.trace_path.read_text())
+    steps = [e for e in trace["traceEvents"] if e.get("name") == STEP_RANGE]
+    assert len(steps) == 2
+    assert all(e["dur"] > 0 for e in steps)
+
+
+def test_self_times_account_for_the_whole_step(tiny_profile):
+    # every op's self time is counted once, so the categories add up to the profiled step
+    total = tiny_profile.by_category()["self_ms"].sum()
+    assert total == pytest.approx(tiny_profile.step_ms, rel=0.01)
+    assert tiny_profile.ops["share"].sum() == pytest.approx(1.0)
+
+
+def test_ops_land_in_the_expected_categories(tiny_profile):
+    cat = dict(zip(tiny_profile.ops["op"], tiny_profile.ops["category"]))
+    assert cat["aten::addmm"] == "matmul"
+    assert cat["Optimizer.step#AdamW.step"] == "optimizer step"
+    assert cat["scalekit.data"] == "data loading"
+    assert cat["aten::native_layer_norm"] == "layer norm"
+    assert tiny_profile.top_ops(5).shape[0] == 5
+    assert "Self CPU" in tiny_profile.table(5)
+
+
+def test_profile_sees_the_toggles_of_the_run():
+    prof = profile_steps(RunConfig(preset="tiny", device="cpu", toggles=["fused_adamw", "sdpa"]), steps=1,
+                         warmup_steps=1)
+    cat = dict(zip(prof.ops["op"], prof.ops["category"]))
+    assert cat.get("aten::_fused_adamw_") == "optimizer step"
+    assert any("scaled_dot_product" in op for op in cat)
+    assert not any(op == "aten::masked_fill" for op in cat)  # the manual causal mask is gone
+
+
+@pytest.mark.slow
+def test_compile_fuses_an_elementwise_chain_into_one_kernel():
+    def chain(x, w, b):
+        return torch.nn.functional.gelu(x * w + b) * 0.5 + x
+
+    x, w, b = torch.randn(64, 32), torch.randn(32), torch.randn(32)
+    out, kernels = compiled_kernels(chain, x, w, b)
+    assert torch.allclose(out, chain(x, w, b), atol=1e-6)
+    assert len(kernels) == 1, kernels
+
+
+def test_time_ms_counts_the_repetitions():
+    calls = []
+    spread = time_ms(lambda: calls.append(1), reps=7, warmup=3)
+    assert len(calls) == 10 and spread.n == 7 and spread.median >= 0
+
+
+def test_peak_bytes_sees_temporaries_freed_before_the_end():
+    def fn():
+        big = torch.ones(256, 1024)  # 1 MiB, freed when fn returns
+        return big.sum()
+
+    peak = peak_bytes(fn)
+    assert 2**20 <= peak < 2 * 2**20
