@@ -1,0 +1,93 @@
+"""What does scalekit's harness cost? Its measured training throughput against a bare PyTorch loop.
+
+Same model, data, batch, seed and step count, side by side in one process, alternating bare/scalekit runs
+so drift in the machine's speed hits both alike.  Throughput on both sides is wall-clock: tokens of the
+measured steps divided by the wall time of the measured loop, so everything the harness does between steps
+(timers, records, loss reads, stop checks) is inside scalekit's figure.  The last line is the worst ratio
+over the presets measured, as `ratio=0.99` (scalekit ÷ bare; ≥ 0.98 means the harness costs ≤ 2%).
+
+    python benchmarks/harness_overhead.py [--presets tiny medium] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from scalekit import RunConfig, run
+from scalekit.data import shakespeare_batches
+from scalekit.models import GPT, PRESETS
+
+SETTINGS = {  # steps per run: enough for a stable median on these CPUs without taking all day
+    "tiny": dict(steps=200, warmup_steps=10),
+    "small": dict(steps=60, warmup_steps=5),
+    "medium": dict(steps=12, warmup_steps=2),
+    "gpt2-124m": dict(steps=20, warmup_steps=5),
+}
+LOG_EVERY = 10
+SEED = 1337
+LR = 1e-3
+
+
+def bare_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
+    """A hand-written nanoGPT-style loop: the reference scalekit is held against."""
+    p = PRESETS[preset]
+    torch.manual_seed(SEED)
+    batches = shakespeare_batches(p.block_size, p.batch_size, SEED)
+    model = GPT(p.gpt_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step():
+        x, y = next(batches)
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup_steps):
+        step()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        loss = step()
+        if (i + 1) % LOG_EVERY == 0:
+            loss.item()
+    elapsed = time.perf_counter() - t0
+    return steps * p.batch_size * p.block_size / elapsed
+
+
+def scalekit_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
+    cfg = RunConfig(preset=preset, steps=steps, warmup_steps=warmup_steps, log_every=LOG_EVERY, seed=SEED, lr=LR,
+                    device="cpu", data="shakespeare", measure_memory=False)
+    return run(cfg).tokens_per_s_wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "medium"], choices=list(SETTINGS))
+    parser.add_argument("--repeats", type=int, default=5, help="bare/scalekit pairs per preset")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    worst = float("inf")
+    for preset in args.presets:
+        s = SETTINGS[preset]
+        bare_runs, kit_runs = [], []
+        bare_tokens_per_s(preset, **s)  # one untimed pair first: page cache, allocator, lazy imports
+        scalekit_tokens_per_s(preset, **s)
+        for _ in range(args.repeats):
+            bare_runs.append(bare_tokens_per_s(preset, **s))
+            kit_runs.append(scalekit_tokens_per_s(preset, **s))
+        bare, kit = statistics.median(bare_runs), statistics.median(kit_runs)
+        ratio = kit / bare
+        worst = min(worst, ratio)
+        spread = max(abs(b - k) / b for b, k in zip(bare_runs, kit_runs))
+        print(f"{preset:10} bare {bare:12,.0f} tok/s   scalekit {kit:12,.0f} tok/s   ratio {ratio:.3f}   "
+              f"({args.repeats} pairs × {s['steps']} steps; largest pairwise gap {spread:.1%})")
+    print(f"ratio={worst:.2f}")
+
+
+if __name__ == "__main__":
+    main()
