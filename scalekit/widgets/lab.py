@@ -1,0 +1,282 @@
+"""The Lab: switch optimizations on a live model in JupyterLab and watch throughput and memory move.
+
+    from scalekit import Lab
+    lab = Lab()            # or Lab(preset="small"), or Lab(model=..., batch_fn=..., loss_fn=...)
+    lab                    # shows the panel; lab.results is the table as a DataFrame
+
+Each press of Run builds the model fresh with the chosen toggles and calls `scalekit.run` in a
+background thread, so the buttons stay live; Stop ends the run within one step and keeps what it
+measured.  A second thread, the view, redraws the plots, the progress line and the elapsed time at
+most `updates_per_s` times a second, so the live view costs little of the run's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+import ipywidgets as w
+
+from ..config import RunConfig
+from ..engine import plain_error, run
+from ..hardware import detect
+from ..measure.results import RunResult, StepRecord
+from .panel import TogglePanel
+from .plots import LivePlots
+from .table import results_frame, results_html
+
+
+@dataclass
+class ViewCost:
+    """What the live view of one run cost: redraws and the seconds the view thread spent on them."""
+
+    updates: int = 0
+    seconds: float = 0.0
+    run_wall_s: float = 0.0
+
+    @property
+    def fraction(self) -> float:
+        return self.seconds / self.run_wall_s if self.run_wall_s else 0.0
+
+
+class Lab:
+    """A toggle panel, Run/Stop, live plots and a results table for one model."""
+
+    def __init__(self, preset: str = "auto", *, model=None, batch_fn=None, loss_fn=None, steps: int = 20,
+                 batch_size: int | None = None, device: str = "auto", updates_per_s: float = 4.0, hw=None,
+                 **config):
+        # validated now, so a bad argument fails here with the field named, not at the first Run
+        self.base_config = RunConfig(preset=preset, model=model, batch_fn=batch_fn, loss_fn=loss_fn, steps=steps,
+                                     batch_size=batch_size, device=device, **config)
+        self.hw = hw or detect(device)
+        self.update_interval_s = 1.0 / updates_per_s
+        self.default_batch_size = self.base_config.resolve(self.hw).batch_size
+        self.runs: list[tuple[int, RunResult]] = []  # every run, failed ones included
+        self.view_costs: dict[int, ViewCost] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._number = 0
+        self._status_text = ""
+        self._status_since = time.perf_counter()
+        self._steps_seen = 0
+        self._steps_total = 0
+
+        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model)
+        self.controls = self.panel.controls
+        self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
+                                      layout=w.Layout(width="160px"))
+        self.batch_size = w.BoundedIntText(value=self.default_batch_size, min=1, max=10**7, description="batch",
+                                           layout=w.Layout(width="160px"))
+        self.run_button = w.Button(description="Run", button_style="success", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.csv_button = w.Button(description="Save CSV", icon="download")
+        self.json_button = w.Button(description="Save JSON", icon="download")
+        self.run_button.add_class("scalekit-run")
+        self.stop_button.add_class("scalekit-stop")
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="240px"))
+        self.status = w.HTML("ready")
+        self.message = w.HTML("")  # failures and notes, in plain words
+        self.warning = w.HTML("")  # toggles switched on together that cannot run together
+        self.warning.add_class("scalekit-warning")
+        self.message.add_class("scalekit-message")
+        self.log = w.Output()  # tracebacks from the widget's own callbacks, should any occur
+        self.plots = LivePlots(self.hw.device_type)
+        self.table = w.HTML(results_html(results_frame([])))
+        self.table.add_class("scalekit-table")
+
+        self.run_button.on_click(self._guard(lambda _: self.start()))
+        self.stop_button.on_click(self._guard(lambda _: self.stop()))
+        self.csv_button.on_click(self._guard(lambda _: self._saved(self.to_csv("scalekit-lab-results.csv"))))
+        self.json_button.on_click(self._guard(lambda _: self._saved(self.to_json("scalekit-lab-results.json"))))
+        for control in self.controls.values():
+            control.widget.observe(self._guard(lambda _: self._show_conflicts()), names="value")
+
+        where = "your model" if self.base_config.custom_model else f"preset {self.base_config.resolve(self.hw).preset}"
+        header = w.HTML(f"<b>scalekit Lab</b> — {html.escape(where)} on {html.escape(self.hw.device_name)}")
+        buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size])
+        self.widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
+                              self.message, self.plots.widget(), self.table,
+                              w.HBox([self.csv_button, self.json_button]), self.log])
+        self.widget.add_class("scalekit-lab")
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # -- what a user (or a test) drives ------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def set(self, **values) -> None:
+        """Set controls by name, e.g. lab.set(sdpa=True, precision="bf16", compile="default"); False is off."""
+        for key, value in values.items():
+            if key not in self.controls:
+                raise KeyError(f"no control {key!r}; controls: {', '.join(self.controls)}")
+            self.controls[key].set(value)
+
+    def config(self) -> RunConfig:
+        """The RunConfig the next Run would measure."""
+        cfg = dataclasses.replace(self.base_config, toggles=self.panel.selected(), steps=self.steps.value,
+                                  batch_size=self.batch_size.value, label=None)
+        label = cfg.describe()
+        if cfg.batch_size != self.default_batch_size:
+            label += f" (batch {cfg.batch_size})"
+        return dataclasses.replace(cfg, label=label)
+
+    def start(self) -> bool:
+        """What Run does: start a run of the current selection in the background; False if none started."""
+        if self.running:
+            return False
+        try:
+            cfg = self.config()
+        except Exception as exc:  # a combination RunConfig refuses: say so, stay usable
+            self._say(f"Cannot run this combination: {plain_error(exc)}", error=True)
+            return False
+        self._number += 1
+        number = self._number
+        self._stop.clear()
+        self._steps_seen, self._steps_total = 0, cfg.warmup_steps + cfg.steps
+        self.progress.max, self.progress.value = self._steps_total, 0
+        self._set_status(f"#{number} {cfg.label}: starting")
+        self._say("")
+        self._lock_controls(True)
+        self._thread = threading.Thread(target=self._work, args=(number, cfg), name=f"scalekit-lab-run-{number}",
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self) -> None:
+        """What Stop does: the run ends before its next step; what it measured is kept, marked stopped."""
+        self._stop.set()
+        self.stop_button.disabled = True
+        if self.running:
+            self._set_status(self._status_text.split(" — ")[0] + " — stopping after this step")
+
+    def wait(self, timeout: float | None = None) -> RunResult | None:
+        """Block until the current run (if any) has finished and the view is up to date; its result."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the run did not finish within {timeout} s")
+        return self.runs[-1][1] if self.runs else None
+
+    @property
+    def results(self):
+        """The results table as a pandas DataFrame: one row per run that measured (ok or stopped)."""
+        return results_frame([(n, r) for n, r in self.runs if r.status in ("ok", "stopped")])
+
+    def to_csv(self, path) -> str:
+        self.results.to_csv(path, index=False)
+        return str(path)
+
+    def to_json(self, path) -> str:
+        """The table (`results`) and every run in full (per-step records included)."""
+        doc = {"results": json.loads(self.results.to_json(orient="records")),
+               "runs": [dict(number=n, **r.to_dict()) for n, r in self.runs]}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, default=str)
+        return str(path)
+
+    # -- the run's thread and the view's thread ----------------------------------------------------
+    def _work(self, number: int, cfg: RunConfig) -> None:
+        key = f"#{number} {cfg.label}"
+        done = threading.Event()
+        cost = self.view_costs[number] = ViewCost()
+        view = threading.Thread(target=self._view, args=(done, cost), name=f"scalekit-lab-view-{number}",
+                                daemon=True)
+        view.start()
+
+        def on_step(record: StepRecord) -> None:
+            self.plots.add(key, record)
+            self._steps_seen = record.step + 1
+
+        def on_status(text: str) -> None:
+            self._status_text, self._status_since = f"{key}: {text}", time.perf_counter()
+
+        t0 = time.perf_counter()
+        try:
+            result = run(cfg, on_step=on_step, on_status=on_status, stop=self._stop, hw=self.hw, catch_errors=True)
+        except Exception as exc:  # raised before the run starts (e.g. a toggle this machine cannot run)
+            result = RunResult(label=cfg.label, config=cfg.to_dict(), status="failed", error=plain_error(exc),
+                               device=self.hw.device_name)
+        cost.run_wall_s = time.perf_counter() - t0
+        done.set()
+        view.join()
+        try:
+            self._finish(number, key, result)
+        except Exception:
+            self._log_exception()
+
+    def _view(self, done: threading.Event, cost: ViewCost) -> None:
+        shown = None
+        while True:
+            finished = done.wait(self.update_interval_s)
+            t0 = time.perf_counter()
+            try:
+                changed = self.plots.flush()
+                elapsed = time.perf_counter() - self._status_since
+                text = self._status_text + (f" — {elapsed:.0f} s" if elapsed >= 2 and not finished else "")
+                if text != shown:
+                    self.status.value, shown = html.escape(text), text
+                if self.progress.value != self._steps_seen:
+                    self.progress.value = min(self._steps_seen, self.progress.max)
+                    changed = True
+                cost.updates += changed
+            except Exception:
+                self._log_exception()
+            cost.seconds += time.perf_counter() - t0
+            if finished:
+                return
+
+    def _finish(self, number: int, key: str, result: RunResult) -> None:
+        self.runs.append((number, result))
+        if result.status == "failed":
+            self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
+        elif result.status == "stopped":
+            measured = sum(not s.warmup for s in result.steps)
+            self._say(f"Run {key} stopped after {len(result.steps)} steps ({measured} measured); kept in the table "
+                      f"as stopped.")
+        self.table.value = results_html(self.results)
+        self._set_status(f"{key}: {result.status}" + (f", {result.tokens_per_s:,.0f} tokens/s"
+                                                      if result.tokens_per_s else ""))
+        self._lock_controls(False)
+
+    # -- small helpers -----------------------------------------------------------------------------
+    def _lock_controls(self, locked: bool) -> None:
+        self.panel.set_locked(locked)
+        self.run_button.disabled = locked
+        self.stop_button.disabled = not locked
+        self.steps.disabled = self.batch_size.disabled = locked
+
+    def _show_conflicts(self) -> None:
+        text = "; ".join(self.panel.conflicts())
+        self.warning.value = f"<span style='color:#b45309'>⚠ {html.escape(text)}</span>" if text else ""
+
+    def _set_status(self, text: str) -> None:
+        self._status_text, self._status_since = text, time.perf_counter()
+        self.status.value = html.escape(text)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        colour = "#b91c1c" if error else "#374151"
+        self.message.value = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
+
+    def _saved(self, path: str) -> None:
+        self._say(f"Saved {path}")
+
+    def _guard(self, handler):
+        """Run a button handler; an error in it goes to the message line and the log, not into the void."""
+        def wrapped(button):
+            try:
+                handler(button)
+            except Exception as exc:
+                self._say(f"{plain_error(exc)}", error=True)
+                self._log_exception()
+        return wrapped
+
+    def _log_exception(self) -> None:
+        self.log.append_stderr(traceback.format_exc())

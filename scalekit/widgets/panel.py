@@ -1,0 +1,172 @@
+"""The Lab's toggle panel: one control per toggle, grouped as the course groups them.
+
+Built from `scalekit.toggles.ORDER`, never from a hand-written list, so a toggle added there shows up
+here.  An on/off toggle is a checkbox; a toggle with modes (compile mode, accumulation steps) is a
+dropdown; toggles that exclude each other (bf16 / fp16, from `EXCLUSIVE`) share one dropdown whose
+first entry means "none of them" (for precision: fp32).  An unavailable toggle is disabled and its
+reason is written beside it.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipywidgets as w
+
+from ..toggles import EXCLUSIVE, ORDER, Toggle
+
+OFF = "off"
+# What "none of the exclusive toggles" means, where the group has a better word for it than "off".
+NONE_LABEL = {"precision": "fp32", "optimizer": "AdamW (default)"}
+
+
+@dataclass
+class ToggleControl:
+    """One control of the panel and the toggles it sets."""
+
+    key: str  # the toggle's name, or the group's name for a dropdown of exclusive toggles
+    widget: w.ValueWidget  # Checkbox or Dropdown
+    names: tuple[str, ...]  # the toggles this control can switch on
+    choices: dict[Any, dict[str, Any]]  # the widget's value -> the toggles it selects ({} for off)
+    off: Any = False  # the widget's value for "none of them"
+    reasons: dict[str, str] = field(default_factory=dict)  # unavailable toggle -> why
+    row: w.Widget | None = None  # the control with its summary (or reason) beside it
+    note: w.HTML | None = None
+    usable: bool = True  # enabled when no run is going (False: nothing in it can run here)
+
+    def selected(self) -> dict[str, Any]:
+        """{toggle name: value} for RunConfig.toggles; empty when the control is off."""
+        return dict(self.choices[self.widget.value])
+
+    def set(self, value: Any) -> None:
+        """Select by the widget's value; False or None mean off."""
+        if value is None or value is False:
+            value = self.off
+        if value not in self.choices:
+            allowed = ", ".join(repr(v) for v in self.choices)
+            raise ValueError(f"Lab control {self.key!r}: {value!r} is not one of {allowed}")
+        self.widget.value = value
+
+
+def control_sets(toggles: Sequence[Toggle], exclusive) -> list[list[Toggle]]:
+    """Toggles partitioned into controls, in ORDER: toggles of one group that all exclude each other share one.
+
+    Exclusion is not transitive (fp16 excludes deepspeed, which excludes ddp, yet fp16 and ddp go together),
+    so a set only takes a toggle that excludes every member already in it.  Pairs left in separate
+    controls are flagged by `TogglePanel.conflicts` and refused by RunConfig if run.
+    """
+    pairs = {frozenset((a, b)) for a, b, _why in exclusive}
+    sets: list[list[Toggle]] = []
+    for t in toggles:
+        for s in sets:
+            if s[0].group == t.group and all(frozenset((t.name, m.name)) in pairs for m in s):
+                s.append(t)
+                break
+        else:
+            sets.append([t])
+    return sets
+
+
+def unavailable_reason(toggle: Toggle, hw, custom_model: bool) -> str:
+    if custom_model and toggle.gpt_only:
+        return "changes the built-in GPT, so it does not apply to your own model"
+    ok, why = toggle.available(hw)
+    return "" if ok else (why or "unavailable on this machine")
+
+
+def _checkbox(t: Toggle, reason: str):
+    widget = w.Checkbox(value=False, description=t.name, indent=False, disabled=bool(reason),
+                        tooltip=f"{t.summary}. Cost: {t.cost}" if t.cost else t.summary,
+                        layout=w.Layout(width="170px"))
+    return widget, {False: {}, True: {t.name: True}}, False
+
+
+def _dropdown(description: str, choices: dict[Any, dict], labels: list[str], off: Any, tooltip: str):
+    # values are never None: ipywidgets reads a None value as "nothing selected" and shows a blank box
+    widget = w.Dropdown(options=list(zip(labels, choices, strict=True)), value=off, description=description,
+                        disabled=len(choices) == 1, tooltip=tooltip, style={"description_width": "initial"},
+                        layout=w.Layout(width="290px"))
+    return widget, choices, off
+
+
+def _modes_dropdown(t: Toggle, reason: str):
+    choices = {OFF: {}, **{c: {t.name: c} for c in t.choices}}
+    widget, choices, off = _dropdown(t.name, choices, [OFF] + [str(c) for c in t.choices], OFF, t.summary)
+    widget.disabled = bool(reason)
+    return widget, choices, off
+
+
+def _exclusive_dropdown(key: str, members: list[Toggle], reasons: dict[str, str]):
+    off = NONE_LABEL.get(key, OFF)
+    entries: list[tuple[str, str, dict]] = []  # (toggle, label, selection)
+    for t in members:
+        if t.name in reasons:
+            continue  # an unavailable member is left out; its reason is shown beside the dropdown
+        if t.choices is None:
+            entries.append((t.name, t.name, {t.name: True}))
+        else:
+            entries += [(t.name, str(c), {t.name: c}) for c in t.choices]
+    labels = [label for _, label, _ in entries]
+    if len(set(labels)) < len(labels) or off in labels:  # the same mode in two toggles: say whose
+        entries = [(n, label if label == n else f"{n} {label}", sel) for n, label, sel in entries]
+    choices = {off: {}, **{label: sel for _, label, sel in entries}}
+    tooltip = "; ".join(f"{t.name}: {t.summary}" for t in members)
+    return _dropdown(key, choices, list(choices), off, tooltip)
+
+
+def _note(text: str, unavailable: bool) -> w.HTML:
+    colour = "#b45309" if unavailable else "#6b7280"
+    return w.HTML(f'<span style="color:{colour};font-size:0.85em">{html.escape(text)}</span>')
+
+
+class TogglePanel:
+    """The controls, grouped, and what they select."""
+
+    def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=EXCLUSIVE):
+        self.controls: dict[str, ToggleControl] = {}
+        self.exclusive = exclusive
+        names = {t.name for t in toggles}
+        groups: dict[str, list[w.Widget]] = {}
+        for members in control_sets(toggles, exclusive):
+            t = members[0]
+            reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model))}
+            if len(members) > 1:
+                # named after its group unless that name is taken (by a toggle, or another set in the group)
+                key = t.group if t.group and t.group not in names and t.group not in self.controls \
+                    else "/".join(m.name for m in members)
+                widget, choices, off = _exclusive_dropdown(key, members, reasons)
+                text = "; ".join(f"{m.name}: {m.summary}" if m.name not in reasons
+                                 else f"{m.name} unavailable: {reasons[m.name]}" for m in members)
+            else:
+                key = t.name
+                reason = reasons.get(t.name, "")
+                widget, choices, off = (_checkbox if t.choices is None else _modes_dropdown)(t, reason)
+                text = f"unavailable: {reason}" if reason else t.summary
+            widget.add_class(f"scalekit-toggle-{key}")
+            note = _note(text, bool(reasons))
+            control = ToggleControl(key, widget, tuple(m.name for m in members), choices, off, reasons,
+                                    row=w.HBox([widget, note]), note=note, usable=not widget.disabled)
+            self.controls[key] = control
+            groups.setdefault(t.group or "other", []).append(control.row)
+        self.widget = w.VBox([w.VBox([w.HTML(f"<b>{html.escape(g)}</b>"), *rows]) for g, rows in groups.items()])
+        self.widget.add_class("scalekit-toggles")
+
+    def selected(self) -> dict[str, Any]:
+        """Every control's selection, merged: the `toggles` of the next RunConfig."""
+        out: dict[str, Any] = {}
+        for control in self.controls.values():
+            out.update(control.selected())
+        return out
+
+    def conflicts(self) -> list[str]:
+        """Pairs switched on together that cannot run together (they sit in different controls), and why."""
+        on = self.selected()
+        return [f"{a} and {b} cannot be on together: {why}" for a, b, why in self.exclusive if a in on and b in on]
+
+    def set_locked(self, locked: bool) -> None:
+        """Freeze the controls while a run goes (a change would not apply to it); unusable ones stay disabled."""
+        for control in self.controls.values():
+            control.widget.disabled = locked or not control.usable
