@@ -28,7 +28,7 @@ def test_self_times_account_for_the_whole_step(tiny_profile):
 
 
 def test_ops_land_in_the_expected_categories(tiny_profile):
-    cat = dict(zip(tiny_profile.ops["op"], tiny_profile.ops["category"]))
+    cat = dict(zip(tiny_profile.ops["op"], tiny_profile.ops["category"], strict=True))
     assert cat["aten::addmm"] == "matmul"
     assert cat["Optimizer.step#AdamW.step"] == "optimizer step"
     assert cat["scalekit.data"] == "data loading"
@@ -40,7 +40,7 @@ def test_ops_land_in_the_expected_categories(tiny_profile):
 def test_profile_sees_the_toggles_of_the_run():
     prof = profile_steps(RunConfig(preset="tiny", device="cpu", toggles=["fused_adamw", "sdpa"]), steps=1,
                          warmup_steps=1)
-    cat = dict(zip(prof.ops["op"], prof.ops["category"]))
+    cat = dict(zip(prof.ops["op"], prof.ops["category"], strict=True))
     assert cat.get("aten::_fused_adamw_") == "optimizer step"
     assert any("scaled_dot_product" in op for op in cat)
     assert not any(op == "aten::masked_fill" for op in cat)  # the manual causal mask is gone
