@@ -7,7 +7,8 @@
 Each press of Run builds the model fresh with the chosen toggles and calls `scalekit.run` in a
 background thread, so the buttons stay live; Stop ends the run within one step and keeps what it
 measured.  A second thread, the view, redraws the plots, the progress line and the elapsed time at
-most `updates_per_s` times a second, so the live view costs little of the run's time.
+most `updates_per_s` times a second, and less often when a redraw is costly, so that the live view
+takes about VIEW_BUDGET (0.5%) of the run's time at most.
 """
 
 from __future__ import annotations
@@ -30,18 +31,27 @@ from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
 
+VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
+MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
+
 
 @dataclass
 class ViewCost:
-    """What the live view of one run cost: redraws and the seconds the view thread spent on them."""
+    """What the live view of one run cost: redraws, and the view thread's time on them.
+
+    cpu_s is the view thread's own CPU time (time.thread_time): what it can take from the run, which
+    must hand it the GIL.  wall_s also counts the view's waits for the GIL, while the run goes on.
+    """
 
     updates: int = 0
-    seconds: float = 0.0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
     run_wall_s: float = 0.0
 
     @property
     def fraction(self) -> float:
-        return self.seconds / self.run_wall_s if self.run_wall_s else 0.0
+        """The view's CPU time as a share of the run's wall time."""
+        return self.cpu_s / self.run_wall_s if self.run_wall_s else 0.0
 
 
 class Lab:
@@ -214,9 +224,10 @@ class Lab:
 
     def _view(self, done: threading.Event, cost: ViewCost) -> None:
         shown = None
+        wait_s = self.update_interval_s
         while True:
-            finished = done.wait(self.update_interval_s)
-            t0 = time.perf_counter()
+            finished = done.wait(wait_s)
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             try:
                 changed = self.plots.flush()
                 elapsed = time.perf_counter() - self._status_since
@@ -229,7 +240,10 @@ class Lab:
                 cost.updates += changed
             except Exception:
                 self._log_exception()
-            cost.seconds += time.perf_counter() - t0
+            spent_s = time.thread_time() - cpu0
+            cost.cpu_s += spent_s
+            cost.wall_s += time.perf_counter() - t0
+            wait_s = min(MAX_WAIT_S, max(self.update_interval_s, spent_s / VIEW_BUDGET))
             if finished:
                 return
 
