@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ class StepProfile:
     device_type: str
     time_source: str  # "device (kernel) time" on a GPU, "CPU time" on the CPU
     ops: Any  # DataFrame: op, calls, self_ms, total_ms, share, category (per step, sorted by self_ms)
-    step_ms: float  # wall time of a profiled step (profiler overhead included)
+    step_ms: float  # wall time per profiled step, device work included (and the profiler's overhead)
+    host_step_ms: float  # time the host spent inside each step's range (on a GPU, launching the work)
     trace_path: Path | None
     events: Any = None  # torch's EventList (key_averages), for .table()
 
@@ -107,12 +109,14 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
             train_step(ctx, next(ctx.batches))
         synchronize(ctx.device)
         with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
             for _ in range(steps):
                 with record_function(STEP_RANGE):
                     with record_function(DATA_RANGE):
                         batch = next(ctx.batches)
                     train_step(ctx, batch)
-            synchronize(ctx.device)
+            synchronize(ctx.device)  # a GPU may still be working after the host has queued the last step
+            wall_s = time.perf_counter() - t0
     if trace_path is not None:
         trace_path = Path(trace_path)
         trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +144,8 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
     ops = ops[["op", "calls", "self_ms", "total_ms", "share", "category"]]
     return StepProfile(label=cfg.label, steps=steps, device_type=hw.device_type,
                        time_source="device (kernel) time" if on_gpu else "CPU time", ops=ops,
-                       step_ms=sum(step_us) / len(step_us) / 1e3, trace_path=trace_path,
+                       step_ms=wall_s / steps * 1e3, host_step_ms=sum(step_us) / len(step_us) / 1e3,
+                       trace_path=trace_path,
                        events=prof.key_averages())
 
 
