@@ -301,11 +301,23 @@ def test_results_export_to_csv_and_json(cpu, tmp_path):
     assert len(doc["runs"][1]["steps"]) == len(result.steps)
 
 
-def test_bad_arguments_fail_early_with_the_field_named():
+def test_bad_arguments_fail_early_with_the_field_named(cpu):
     with pytest.raises(ConfigError, match="preset"):
         Lab(preset="huge")
     with pytest.raises(ConfigError, match="steps"):
         Lab(preset="tiny", steps=0)
+    with pytest.raises(ConfigError, match="updates_per_s"):
+        Lab(preset="tiny", updates_per_s=0)
+    with pytest.raises(ConfigError, match="tf32.*CPU"):
+        Lab(preset="tiny", hw=cpu, toggles=["tf32"])
+
+
+def test_toggles_given_to_the_lab_start_switched_on(cpu):
+    lab = Lab(preset="tiny", hw=cpu, toggles={"bf16": True, "compile": "max-autotune", "sdpa": True})
+    assert lab.controls["precision"].widget.value == "bf16"
+    assert lab.controls["compile"].widget.value == "max-autotune"
+    assert lab.controls["sdpa"].widget.value is True
+    assert lab.config().toggles == {"sdpa": True, "compile": "max-autotune", "bf16": True}
     assert isinstance(Lab(preset="tiny", device="cpu").base_config, RunConfig)
 
 

@@ -25,6 +25,7 @@ import ipywidgets as w
 
 from ..config import RunConfig
 from ..engine import plain_error, run
+from ..errors import ConfigError
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
 from .panel import TogglePanel
@@ -63,6 +64,9 @@ class Lab:
         # validated now, so a bad argument fails here with the field named, not at the first Run
         self.base_config = RunConfig(preset=preset, model=model, batch_fn=batch_fn, loss_fn=loss_fn, steps=steps,
                                      batch_size=batch_size, device=device, **config)
+        if isinstance(updates_per_s, bool) or not isinstance(updates_per_s, (int, float)) or not 0 < updates_per_s <= 60:
+            raise ConfigError(f"Lab.updates_per_s must be a number in (0, 60] (plot redraws per second), "
+                              f"got {updates_per_s!r}")
         self.hw = hw or detect(device)
         self.update_interval_s = 1.0 / updates_per_s
         self.default_batch_size = self.base_config.resolve(self.hw).batch_size
@@ -78,6 +82,7 @@ class Lab:
 
         self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model)
         self.controls = self.panel.controls
+        self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
                                       layout=w.Layout(width="160px"))
         self.batch_size = w.BoundedIntText(value=self.default_batch_size, min=1, max=10**7, description="batch",

@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..errors import ToggleUnavailable
 from ..toggles import EXCLUSIVE, ORDER, Toggle
 
 OFF = "off"
@@ -160,6 +161,14 @@ class TogglePanel:
         for control in self.controls.values():
             out.update(control.selected())
         return out
+
+    def preselect(self, toggles: dict[str, Any]) -> None:
+        """Switch the controls to `toggles` ({name: validated value}, as in a RunConfig)."""
+        for name, value in toggles.items():
+            control = next(c for c in self.controls.values() if name in c.names)
+            if name in control.reasons:
+                raise ToggleUnavailable(f"Lab: toggle {name!r} cannot be switched on here: {control.reasons[name]}")
+            control.widget.value = next(v for v, sel in control.choices.items() if sel == {name: value})
 
     def conflicts(self) -> list[str]:
         """Pairs switched on together that cannot run together (they sit in different controls), and why."""
