@@ -1,16 +1,18 @@
 """scalekit: switch training optimizations on a live model and measure them honestly."""
 
+from .batch_finder import find_batch_size
 from .config import RunConfig
 from .engine import build, run
 from .errors import ConfigError, ToggleUnavailable
 from .hardware import detect
 from .measure.results import RunResult, compare
+from .plan import estimate
 from .toggles import TOGGLES
 
 __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
-           "ToggleUnavailable", "Lab"]
+           "ToggleUnavailable", "Lab", "estimate", "find_batch_size"]
 
 
 def __getattr__(name):

@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                        help=f"switch an optimization on (repeatable): {', '.join(TOGGLES)}")
     bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    plan = sub.add_parser("plan", help="predict memory (params, grads, optimizer state, activations) and FLOPs")
+    _run_options(plan)
+    plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                      help="as for bench")
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     sub.add_parser("toggles", help="list every toggle with its summary and cost")
     return p
@@ -97,6 +101,19 @@ def cmd_bench(args, stop) -> int:
     return 0 if result.status == "ok" else 1
 
 
+def cmd_plan(args, stop) -> int:
+    from .plan import estimate
+
+    device = None if args.device == "auto" else args.device  # a GPU can be planned for without one
+    e = estimate(_config(args, dict(args.toggle)), device=device)
+    for part, n in e.memory_breakdown().items():
+        print(f"{part:16} {n / 2**20:10.1f} MiB")
+    print(f"{'FLOPs/step':16} {e.flops_per_step:10.3g} (with recomputation {e.hardware_flops_per_step:.3g})")
+    for note in e.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def cmd_doctor(args, stop) -> int:
     from .doctor import facts
     from .report import facts_table
@@ -115,7 +132,8 @@ def cmd_toggles(args, stop) -> int:
     return 0
 
 
-COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "doctor": cmd_doctor, "toggles": cmd_toggles}
+COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "plan": cmd_plan, "doctor": cmd_doctor,
+            "toggles": cmd_toggles}
 
 if __name__ == "__main__":
     sys.exit(main())

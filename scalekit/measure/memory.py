@@ -21,6 +21,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes held by the distinct storages behind `tensors` (shared/tied storages counted once)."""
     seen: dict[int, int] = {}
     for t in tensors:
+        t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2) holds its shard in a local tensor
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             s = t.untyped_storage()
             seen[s.data_ptr()] = s.nbytes()
@@ -29,6 +30,29 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+class GradBytesAtStep:
+    """Bytes of the gradients when the optimizer step begins, the moment all of them exist.
+
+    Gradients live only inside a step (they are set to None after it), so they are read from an optimizer
+    step pre-hook, once: the hook removes itself after its first reading.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.grads_bytes: int | None = None
+        self._handle = optimizer.register_step_pre_hook(self._read)
+
+    def _read(self, optimizer, args, kwargs) -> None:
+        self.grads_bytes = storage_bytes(p.grad for p in optimizer_params(optimizer) if p.grad is not None)
+        self.remove()
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 class LiveTensorBytes(TorchDispatchMode):

@@ -45,6 +45,12 @@ class RunResult:
     peak_mem_bytes: int | None = None
     peak_mem_reserved_bytes: int | None = None  # GPU allocator only
     mem_source: str = ""
+    # the peak split in four (bytes): weights (and buffers), gradients, optimizer state, and the rest of
+    # the peak, i.e. activations and temporaries live at that moment
+    params_bytes: int | None = None
+    grads_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    activations_bytes: int | None = None
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     mfu: float | None = None
@@ -56,6 +62,13 @@ class RunResult:
     @property
     def median_step_ms(self) -> float | None:
         return self.step_ms.median if self.step_ms else None
+
+    def memory_breakdown(self) -> dict[str, int] | None:
+        """{part: bytes} for params, grads, optimizer_state, activations, and their sum the peak; None if not measured."""
+        parts = (self.params_bytes, self.grads_bytes, self.optimizer_state_bytes, self.activations_bytes)
+        if any(v is None for v in parts):
+            return None
+        return dict(zip(("params", "grads", "optimizer_state", "activations"), parts, strict=True), peak=sum(parts))
 
     @property
     def finished(self) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from . import bf16, compile, drop_last, fp16, fused_adamw, nice_numbers, sdpa, tf32
+from . import (bf16, checkpointing, compile, drop_last, empty_cache_steps, fp16, fused_adamw, grad_accum,
+               nice_numbers, optim, sdpa, tf32)
 from .base import PHASES, BuildContext, Toggle
 
 # Application order (after torchtitan): process-wide flags first; then the data pipeline; then changes to
-# the model's architecture, made before it is built; then wrappers, innermost first (activation
-# checkpointing, then compile, then DDP/FSDP, so the wrapper that shards sees compiled blocks); then the
+# the model's architecture, made before it is built; then module swaps on the built model (optim's
+# StableEmbedding) and wrappers, innermost first (activation checkpointing, then compile, then DDP/FSDP, so
+# the wrapper that shards sees compiled blocks); then the
 # optimizer, which must see the final parameters; last the per-step contexts (autocast, loss scaling),
 # entered around every step.
 ORDER: tuple[Toggle, ...] = (
@@ -15,16 +17,21 @@ ORDER: tuple[Toggle, ...] = (
     drop_last.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
+    optim.TOGGLE,
+    checkpointing.TOGGLE,
     compile.TOGGLE,
     fused_adamw.TOGGLE,
     bf16.TOGGLE,
     fp16.TOGGLE,
+    grad_accum.TOGGLE,
+    empty_cache_steps.TOGGLE,
 )
 TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}
 
 # Toggles that cannot be on together, and why.
 EXCLUSIVE: tuple[tuple[str, str, str], ...] = (
     ("bf16", "fp16", "both set the autocast dtype: pick one"),
+    ("optim", "fused_adamw", "both choose the optimizer: use optim='adamw_torch_fused' for fused AdamW"),
 )
 
 

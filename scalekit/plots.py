@@ -1,0 +1,52 @@
+"""Figures for measured and planned memory.  plotly is imported only when a figure is built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PARTS = ("params", "grads", "optimizer_state", "activations")
+PART_NAMES = {"params": "parameters", "grads": "gradients", "optimizer_state": "optimizer state",
+              "activations": "activations (peak − the rest)"}
+PART_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer_state": "#54A24B", "activations": "#E45756"}
+MIB = 2**20
+
+
+def breakdown_rows(items) -> list[tuple[str, dict[str, int]]]:
+    """(bar label, {part: bytes}) for RunResults (measured), Estimates (planned) or (label, dict) pairs."""
+    from .plan import Estimate
+
+    if not isinstance(items, (list, tuple)) or (len(items) == 2 and isinstance(items[0], str)):
+        items = [items]
+    rows = []
+    for item in items:
+        if isinstance(item, tuple):
+            label, parts = item
+        elif isinstance(item, Estimate):
+            label, parts = f"{item.label} (planned)", item.memory_breakdown()
+        else:  # a RunResult
+            parts = item.memory_breakdown()
+            if parts is None:
+                raise ValueError(f"run {item.label!r} has no measured memory breakdown (status {item.status!r}; "
+                                 f"on CPU it needs measure_memory=True)")
+            label = f"{item.label} (measured)"
+        rows.append((label, {p: int(parts[p]) for p in PARTS}))
+    return rows
+
+
+def memory_breakdown_figure(results_or_estimates: Iterable, title: str = "Memory at the peak of a training step"):
+    """A stacked bar per run or estimate: parameters, gradients, optimizer state, activations (MiB)."""
+    import plotly.graph_objects as go
+
+    rows = breakdown_rows(results_or_estimates)
+    labels = [label for label, _ in rows]
+    fig = go.Figure()
+    for part in PARTS:
+        mib = [parts[part] / MIB for _, parts in rows]
+        fig.add_bar(name=PART_NAMES[part], x=labels, y=mib, marker_color=PART_COLORS[part],
+                    hovertemplate="%{x}<br>" + PART_NAMES[part] + ": %{y:.1f} MiB<extra></extra>")
+    peaks = [sum(parts.values()) / MIB for _, parts in rows]
+    fig.add_scatter(x=labels, y=peaks, mode="text", text=[f"{p:.1f} MiB" for p in peaks], textposition="top center",
+                    showlegend=False, hoverinfo="skip")
+    fig.update_layout(barmode="stack", title=title, yaxis_title="MiB", legend_title_text="part",
+                      margin=dict(t=60, b=40), height=420)
+    return fig

@@ -1,0 +1,127 @@
+"""Optimizer choice: torch AdamW (default, foreach, fused), bitsandbytes 8-bit Adam/AdamW/Lion, torch Adafactor.
+
+Names follow HF TrainingArguments' `optim`.  bitsandbytes is imported only when an 8-bit optimizer is
+chosen: importing it in a notebook's parent process gets in the way of launching worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import warnings
+from functools import partial
+
+import torch
+
+from ..errors import ToggleUnavailable
+from .base import BuildContext, Toggle
+
+# name -> (library, what it keeps per parameter)
+OPTIMIZERS = {
+    "adamw_bnb_8bit": ("bitsandbytes", "AdamW8bit: two uint8 moments, ≈2 bytes/param"),
+    "adam_bnb_8bit": ("bitsandbytes", "Adam8bit: two uint8 moments, ≈2 bytes/param"),
+    "paged_adamw_8bit": ("bitsandbytes", "PagedAdamW8bit: as AdamW8bit, state in unified memory that can page "
+                                          "out to the host"),
+    "lion_8bit": ("bitsandbytes", "Lion8bit: one uint8 momentum, ≈1 byte/param"),
+    "adafactor": ("torch", "Adafactor: factored second moment (a row and a column per matrix), no momentum"),
+    "adamw_torch": ("torch", "AdamW, torch's default implementation: two fp32 moments, 8 bytes/param"),
+    "adamw_torch_foreach": ("torch", "AdamW(foreach=True): the update batched over many tensors per kernel"),
+    "adamw_torch_fused": ("torch", "AdamW(fused=True): the whole update in one fused kernel"),
+}
+EIGHT_BIT = ("adamw_bnb_8bit", "adam_bnb_8bit", "paged_adamw_8bit", "lion_8bit")
+
+
+def choice_available(value: str) -> tuple[bool, str]:
+    """Whether optimizer `value` can be built here, and why not."""
+    library = OPTIMIZERS[value][0]
+    if library == "bitsandbytes" and importlib.util.find_spec("bitsandbytes") is None:
+        return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+    if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
+        return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
+    return True, ""
+
+
+def import_bitsandbytes():
+    # its import prints a note about an optional `kernels` package: keep it out of the user's output
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import bitsandbytes
+
+    return bitsandbytes
+
+
+def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
+    if value == "adamw_torch":
+        return torch.optim.AdamW(params, lr=lr)
+    if value == "adamw_torch_foreach":
+        return torch.optim.AdamW(params, lr=lr, foreach=True)
+    if value == "adamw_torch_fused":
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if value == "adafactor":
+        # its lr is relative (a step is lr × the weight's RMS), not AdamW's: keep torch's default of 1e-2
+        return torch.optim.Adafactor(params)
+    bnb = import_bitsandbytes()
+    cls = {"adamw_bnb_8bit": bnb.optim.AdamW8bit, "adam_bnb_8bit": bnb.optim.Adam8bit,
+           "paged_adamw_8bit": bnb.optim.PagedAdamW8bit, "lion_8bit": bnb.optim.Lion8bit}[value]
+    return cls(params, lr=lr)
+
+
+def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
+    """8-bit state is too coarse for token embeddings (rare rows, large updates): keep theirs in 32 bits.
+
+    The built-in GPT gets bitsandbytes' StableEmbedding (the embedding plus a LayerNorm, 32-bit state), tied to
+    lm_head as before; a model of your own has its nn.Embedding weights registered for 32-bit state (what HF's
+    Trainer does).  bitsandbytes keeps such overrides in a process-wide manager: they are removed after the run.
+    """
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    saved = dict(manager.pid2config), dict(manager.index2config), list(manager.module_weight_config_triple)
+    model = ctx.base_model
+    if ctx.config.custom_model:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    else:
+        old = model.transformer.wte
+        # no device= here: bitsandbytes passes it positionally where torch now expects `_freeze`, which
+        # would freeze the weight; build on the CPU and move it
+        new = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim).to(old.weight.device)
+        with torch.no_grad():
+            new.weight.copy_(old.weight)  # GPT-2's initialisation, so only the optimizer and the norm differ
+        model.transformer.wte = new
+        if model.lm_head.weight is old.weight:
+            model.lm_head.weight = new.weight
+        ctx.notes.append("token embedding → bitsandbytes StableEmbedding (LayerNorm after it, 32-bit state)")
+
+    def restore() -> None:
+        manager.pid2config, manager.index2config = saved[0], saved[1]
+        manager.module_weight_config_triple[:] = saved[2]
+
+    ctx.stack.callback(restore)
+
+
+class Optim(Toggle):
+    name = "optim"
+    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, or AdamW foreach/fused"
+    cost = "8-bit and factored states approximate the fp32 moments; losses differ a little from AdamW"
+    helps_when = "optimizer state is a large part of memory (AdamW keeps 8 bytes per parameter)"
+    group = "optimizer"
+    kind = "both"
+    # a wrap-phase toggle, first of them: swapping the token embedding is a change to the model, so it must
+    # come before checkpointing, compile and data-parallel wrappers see the parameters
+    phase = "wrap"
+    choices = tuple(OPTIMIZERS)
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        ok, why = choice_available(value)
+        if not ok:
+            raise ToggleUnavailable(why)
+        if value in EIGHT_BIT:
+            keep_embeddings_32bit(ctx, import_bitsandbytes())
+            if value.startswith("paged") and ctx.device.type != "cuda":
+                ctx.notes.append("paged optimizer on CPU: bitsandbytes falls back to ordinary buffers")
+        ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
+
+
+TOGGLE = Optim()
