@@ -101,7 +101,34 @@ def detect(device: str = "auto") -> Hardware:
 
 
 def gpu_count_without_cuda_init() -> int:
-    """Number of NVIDIA GPUs, asked of the driver through nvidia-smi so this process creates no CUDA context."""
+    """Number of NVIDIA GPUs this process may use, asked of the driver (NVML, else nvidia-smi), so this
+    process creates no CUDA context and stays safe to fork.  CUDA_VISIBLE_DEVICES narrows the count."""
+    count = _nvml_gpu_count()
+    if count is None:
+        count = _nvidia_smi_gpu_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        listed = [d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]
+        count = min(count, len(listed))
+    return count
+
+
+def _nvml_gpu_count() -> int | None:
+    try:
+        import pynvml  # nvidia-ml-py: the driver's own library, no CUDA context
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU: NVML raises its own error types
+        return None
+
+
+def _nvidia_smi_gpu_count() -> int:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return 0
@@ -111,6 +138,11 @@ def gpu_count_without_cuda_init() -> int:
     except (subprocess.SubprocessError, OSError):
         return 0
     return len([line for line in out.splitlines() if line.strip()])
+
+
+def cuda_gpu_present() -> bool:
+    """A CUDA GPU that this torch build can use is present, found without initialising CUDA (fork-safe)."""
+    return torch.backends.cuda.is_built() and gpu_count_without_cuda_init() > 0
 
 
 def cuda_initialized() -> bool:
