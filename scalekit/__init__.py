@@ -5,6 +5,7 @@ from .config import RunConfig
 from .engine import build, run
 from .errors import ConfigError, ToggleUnavailable
 from .hardware import detect
+from .launch import launch  # the function; its package is scalekit.launch's modules (launcher, magic, …)
 from .measure.results import RunResult, compare
 from .plan import estimate
 from .toggles import TOGGLES
@@ -12,7 +13,14 @@ from .toggles import TOGGLES
 __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
-           "ToggleUnavailable", "Lab", "estimate", "find_batch_size"]
+           "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch"]
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext scalekit`: adds the %%torchrun cell magic (IPython is imported only here)."""
+    from .launch.magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name):

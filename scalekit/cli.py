@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
+from .launch import commands as launch_commands
 from .toggles import TOGGLES
 
 
@@ -51,10 +53,13 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                        help=f"switch an optimization on (repeatable): {', '.join(TOGGLES)}")
     bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                       help="run it in N processes on this machine, as the ddp/fsdp toggles need (default: 1)")
     plan = sub.add_parser("plan", help="predict memory (params, grads, optimizer state, activations) and FLOPs")
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                       help="as for bench")
+    launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     sub.add_parser("toggles", help="list every toggle with its summary and cost")
     return p
@@ -94,11 +99,25 @@ def cmd_bench(args, stop) -> int:
     from .engine import run
     from .report import results_table
 
-    result = run(_config(args, dict(args.toggle)), on_status=_progress, stop=stop, catch_errors=True)
+    cfg = _config(args, dict(args.toggle))
+    if args.nproc_per_node:
+        from .launch import launch_run
+
+        _progress(f"launching {args.nproc_per_node} processes")
+        result = launch_run(cfg, nprocs=args.nproc_per_node, catch_errors=True)
+    else:
+        first = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this: one reports
+        result = run(cfg, on_status=_progress if first else None, stop=stop, catch_errors=True)
+        if not first:
+            return 0 if result.status == "ok" else 1
     print(results_table([result]))
     if args.json:
         result.to_json(args.json)
     return 0 if result.status == "ok" else 1
+
+
+def cmd_launch(args, stop) -> int:
+    return launch_commands.run_command(args)
 
 
 def cmd_plan(args, stop) -> int:
@@ -132,8 +151,8 @@ def cmd_toggles(args, stop) -> int:
     return 0
 
 
-COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "plan": cmd_plan, "doctor": cmd_doctor,
-            "toggles": cmd_toggles}
+COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
+            "doctor": cmd_doctor, "toggles": cmd_toggles}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,7 @@ import torch
 from .data import DATA_SOURCES
 from .errors import ConfigError, ToggleUnavailable
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
-from .toggles import EXCLUSIVE, ORDER, TOGGLES
+from .toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
 
 PRESET_NAMES = ("auto", *PRESETS)
 
@@ -107,6 +107,9 @@ class RunConfig:
         for a, b, why in EXCLUSIVE:
             if a in self.toggles and b in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
+        for a, b, why in REQUIRES:
+            if a in self.toggles and b not in self.toggles:
+                raise ConfigError(f"RunConfig.toggles: {a!r} needs {b!r} on too: {why}")
 
     @property
     def custom_model(self) -> bool:

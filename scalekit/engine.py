@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import hardware
 from .config import RunConfig
 from .data import shakespeare_batches, synthetic_batches
+from .launch import ranks as distributed
 from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
@@ -43,7 +44,8 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
     apply_toggles(ctx, "process", cfg.toggles)
 
     apply_toggles(ctx, "data", cfg.toggles)
-    ctx.batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
+    # in a run spread over ranks, each rank keeps its own slice of every global batch
+    ctx.batches = distributed.shard_batches(cfg, make_batches(cfg, ctx.device, ctx.loader_kwargs))
 
     if cfg.custom_model:
         model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
@@ -147,30 +149,38 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
     anything with is_set() (a threading.Event), checked between steps.  With catch_errors, a failure
     during the run comes back as a result with status "failed" and the error in plain words.
     """
-    hw = hw or hardware.detect(config.device)
+    hw = hw or hardware.detect(distributed.rank_device(config.device))
     cfg = config.resolve(hw)
     cfg.check_available(hw)
     status = on_status or (lambda message: None)
     result = RunResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
                        torch_version=torch.__version__, tokens_per_step=tokens_per_step(cfg))
+    group = None
     try:
         with contextlib.ExitStack() as stack:
+            # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
+            group = distributed.setup(cfg, hw, stack)  # None unless a toggle needs a process group
             t_build = time.perf_counter()
             status(f"building {cfg.label} ({cfg.preset if not cfg.custom_model else 'your model'})")
             ctx = build(cfg, hw, stack)
             result.notes.extend(ctx.notes)
             result.flops_per_step = flops_per_step(ctx)
+            if group is not None:
+                distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
             result.build_s = time.perf_counter() - t_build
             grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
             _measure(ctx, result, on_step, stop, status)
             _summarise(ctx, result)
             if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
                 status("counting live tensor memory on one extra step")
-                _probe_cpu_memory(ctx, result)
+                _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
             _memory_breakdown(ctx, result, grads.grads_bytes)
+            if group is not None:
+                result = distributed.aggregate(group, result)  # every rank's figures, gathered
             del ctx
     except Exception as exc:
-        if not catch_errors:
+        # a rank that carried on would wait forever for the others: let the failure end the launch
+        if not catch_errors or group is not None:
             raise
         result.status = "failed"
         result.error = plain_error(exc)
@@ -253,11 +263,11 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
         result.final_loss = result.losses[-1][1]
 
 
-def _probe_cpu_memory(ctx: BuildContext, result: RunResult) -> None:
+def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:
     """Peak live tensor bytes over one extra (untimed) step, starting from weights and optimizer state."""
     baseline = [*ctx.base_model.parameters(), *ctx.base_model.buffers(),
                 *memory.optimizer_state_tensors(ctx.optimizer)]
-    tracker = memory.LiveTensorBytes(baseline)
+    tracker = tracker_cls(baseline)
     compiled = "compile" in ctx.config.toggles
     # a dispatch mode cannot see inside compiled kernels, and dynamo would mark the model's code as
     # "skip" for the rest of the process: probe the eager model instead, and say so

@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
-from . import (bf16, checkpointing, compile, drop_last, empty_cache_steps, fp16, fused_adamw, grad_accum,
-               nice_numbers, optim, sdpa, tf32)
+from . import (
+    bf16,
+    checkpointing,
+    compile,
+    cpu_offload,
+    ddp,
+    deepspeed,
+    drop_last,
+    empty_cache_steps,
+    fp16,
+    fsdp,
+    fused_adamw,
+    grad_accum,
+    nice_numbers,
+    optim,
+    sdpa,
+    tf32,
+)
 from .base import PHASES, BuildContext, Toggle
 
 # Application order (after torchtitan): process-wide flags first; then the data pipeline; then changes to
@@ -20,11 +36,15 @@ ORDER: tuple[Toggle, ...] = (
     optim.TOGGLE,
     checkpointing.TOGGLE,
     compile.TOGGLE,
+    ddp.TOGGLE,
+    fsdp.TOGGLE,
+    cpu_offload.TOGGLE,  # a policy fsdp reads when it shards: listed after it, applied with it
     fused_adamw.TOGGLE,
     bf16.TOGGLE,
     fp16.TOGGLE,
     grad_accum.TOGGLE,
     empty_cache_steps.TOGGLE,
+    deepspeed.TOGGLE,  # wraps the model and optimizer built above, once accumulation is known
 )
 TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}
 
@@ -32,6 +52,16 @@ TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}
 EXCLUSIVE: tuple[tuple[str, str, str], ...] = (
     ("bf16", "fp16", "both set the autocast dtype: pick one"),
     ("optim", "fused_adamw", "both choose the optimizer: use optim='adamw_torch_fused' for fused AdamW"),
+    ("ddp", "fsdp", "both spread training over ranks: DDP replicates the model, FSDP shards it; pick one"),
+    ("ddp", "deepspeed", "DeepSpeed does its own data parallelism: pick one"),
+    ("fsdp", "deepspeed", "both shard the training state: pick one"),
+    ("cpu_offload", "deepspeed", "DeepSpeed has its own offload: use deepspeed='zero2-offload' or 'zero3-offload'"),
+    ("fp16", "deepspeed", "DeepSpeed scales fp16 losses itself: use bf16, or DeepSpeed's own fp16 config"),
+)
+
+# Toggles that only work with another one on, and why.
+REQUIRES: tuple[tuple[str, str, str], ...] = (
+    ("cpu_offload", "fsdp", "CPU offload is FSDP2's offload policy (DeepSpeed has its own: deepspeed='zero3-offload')"),
 )
 
 
@@ -43,4 +73,4 @@ def apply_toggles(ctx: BuildContext, phase: str, toggles: dict) -> None:
             toggle.apply(ctx, toggles[toggle.name])
 
 
-__all__ = ["ORDER", "TOGGLES", "EXCLUSIVE", "apply_toggles", "Toggle", "BuildContext", "PHASES"]
+__all__ = ["ORDER", "TOGGLES", "EXCLUSIVE", "REQUIRES", "apply_toggles", "Toggle", "BuildContext", "PHASES"]

@@ -1,0 +1,124 @@
+"""`scalekit launch` and the torchrun command lines scalekit prints.
+
+One node: the ranks start on this machine's loopback rendezvous (the same one `scalekit.launch` uses).
+Several nodes: torchrun itself runs, with the static rendezvous — node 0 hosts the store at
+--rdzv-endpoint, every node runs the same command with its own --node-rank.  `torchrun_command` gives the
+exact line to run on each machine, for a script or for a RunConfig (which becomes `scalekit bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from ..errors import ConfigError
+
+LOOPBACK_RDZV = ("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1")
+
+
+def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_rank: int = 0,
+                     rdzv_endpoint: str | None = None, args=(), module: bool = False) -> list[str]:
+    """The torchrun argv that runs `target` (a script path, a module with module=True, or a RunConfig)."""
+    from ..config import RunConfig
+
+    if isinstance(target, RunConfig):
+        target, args, module = "scalekit.cli", ["bench", *bench_args(target), *args], True
+    _check_positive("nproc_per_node", nproc_per_node)
+    _check_positive("nnodes", nnodes)
+    cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd += LOOPBACK_RDZV  # like --standalone, but every address is 127.0.0.1
+    else:
+        if rdzv_endpoint is None or ":" not in rdzv_endpoint:
+            raise ConfigError(f"rdzv_endpoint must be HOST:PORT of node 0 (reachable from every node), got "
+                              f"{rdzv_endpoint!r}")
+        if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+            raise ConfigError(f"node_rank must be an integer from 0 to nnodes-1 ({nnodes - 1}), got {node_rank!r}")
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
+                f"--rdzv-endpoint={rdzv_endpoint}"]
+    cmd += ["-m", target] if module else [target]
+    return cmd + [str(a) for a in args]
+
+
+def bench_args(cfg) -> list[str]:
+    """`scalekit bench` flags for a RunConfig; fields without a flag must keep their defaults."""
+    from ..config import RunConfig
+
+    if cfg.custom_model:
+        raise ConfigError("RunConfig.model: your own model cannot be passed on a command line; launch a script "
+                          "that builds it (scalekit launch script.py) instead")
+    default = RunConfig()
+    for name in ("lr", "measure_memory", "tokens_per_sample"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(f"RunConfig.{name} has no `scalekit bench` flag; launch a script instead")
+    out = ["--preset", cfg.preset, "--steps", cfg.steps, "--warmup-steps", cfg.warmup_steps,
+           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed]
+    for flag, value in (("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len),
+                        ("--peak-tflops", cfg.peak_tflops)):
+        if value is not None:
+            out += [flag, value]
+    for name, value in cfg.toggles.items():
+        out += ["--toggle", name if value is True else f"{name}={value}"]
+    return [str(x) for x in out]
+
+
+def _check_positive(name, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("launch", help="run a script in several processes (this machine, or several nodes)",
+                       description="Run SCRIPT in --nproc-per-node processes on torch.distributed.  One node: "
+                                   "loopback rendezvous on a free port.  Several nodes: run the same command "
+                                   "on every node with its own --node-rank; node 0 hosts --rdzv-endpoint.")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes on this node (default: one per GPU, or 2 on a CPU machine)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of machines (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 … nnodes-1")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="node 0's address and a free port on it (needed with --nnodes > 1)")
+    p.add_argument("--print-torchrun", action="store_true",
+                   help="print the equivalent torchrun command line and exit")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as in python -m")
+    p.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m) every process runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def run_command(args) -> int:
+    from . import guards
+    from .launcher import LaunchError, launch_script
+
+    nproc = args.nproc_per_node or guards.default_nprocs()
+    cmd = torchrun_command(args.target, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                           rdzv_endpoint=args.rdzv_endpoint, args=args.args, module=args.module)
+    if args.print_torchrun:
+        print(shlex.join(cmd))
+        return 0
+    try:
+        if args.nnodes == 1 and args.rdzv_endpoint is None:
+            return launch_script(args.target, args.args, nprocs=nproc, module=args.module)
+        return run_torchrun(cmd)
+    except LaunchError as exc:
+        print(f"scalekit launch: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_torchrun(cmd: list[str]) -> int:
+    """Run a torchrun argv in this process, every output line prefixed with its global rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as torchrun
+
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")
+    nproc = int(next(a for a in cmd if a.startswith("--nproc-per-node=")).split("=")[1])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        torchrun(get_args_parser().parse_args(["--tee=3", *cmd[1:]]))
+    except ChildFailedError as exc:
+        print(f"scalekit launch: {exc.format_msg()}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,213 @@
+"""The distributed side of one run: this rank, the process group, its slice of each batch, metrics across ranks.
+
+The engine calls three things here.  `setup` joins (or creates) the process group when a toggle needs one
+(gloo on CPU, NCCL on GPU) and registers its teardown on the run's ExitStack, so that the DDP/FSDP model,
+whose release the toggles register later, is freed first (LIFO) — a DDP model still alive when the
+group is destroyed can abort the process at exit.  `shard_batches` gives each rank its slice of the
+global batch: every rank draws the same global batch from the same seed and keeps rows
+[rank*B/W, (rank+1)*B/W), so W ranks together see exactly what one process with batch B sees.
+`aggregate` gathers every rank's figures: global tokens/s is the sum over ranks, each rank's peak memory
+is kept, and the loss is the mean over ranks (equal slices, so the mean of the whole batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import ConfigError
+from ..measure.memory import LiveTensorBytes
+from ..measure.results import RunResult
+
+HOW_TO_LAUNCH = ("launch ranks with scalekit.launch(fn, nprocs=2) from a notebook cell, "
+                 "`scalekit bench --nproc-per-node 2 ...` or `scalekit launch --nproc-per-node 2 script.py`")
+
+
+def group_alive() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    """Ranks in this run: the live process group's size, else WORLD_SIZE set by the launcher, else 1."""
+    if group_alive():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    if group_alive():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def available_with_ranks(what: str) -> tuple[bool, str]:
+    """A toggle's `available` answer for things that need two or more processes."""
+    if not dist.is_available():
+        return False, "this torch build has no torch.distributed"
+    if world_size() > 1:
+        return True, ""
+    return False, (f"{what} needs several processes and this one runs alone (world size 1): {HOW_TO_LAUNCH}")
+
+
+def needs_process_group(toggles) -> bool:
+    from ..toggles import TOGGLES  # here, not at import: the toggles import this module
+
+    return any(getattr(TOGGLES[name], "needs_process_group", False) for name in toggles)
+
+
+def rank_device(device: str) -> str:
+    """On a GPU machine every launched rank takes the GPU of its local rank (one process per GPU)."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{int(local)}"
+    return device
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world_size: int
+    backend: str
+    owns_group: bool  # scalekit created the group, so it destroys it at the end of the run
+
+
+def setup(cfg, hw, stack) -> Ranks | None:
+    """Join the process group a toggle needs (creating it if none is alive); None for single-process runs."""
+    if not needs_process_group(cfg.toggles):
+        return None
+    owns = False
+    if not group_alive():
+        backend = "nccl" if hw.device_type == "cuda" else "gloo"
+        if "MASTER_ADDR" in os.environ:  # launched: torch.distributed's env:// rendezvous
+            dist.init_process_group(backend, device_id=hw.device if hw.device_type == "cuda" else None)
+        else:  # one process (DeepSpeed on one GPU): a group of one needs no network
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        owns = True
+        stack.push(_destroy_group)
+    ranks = Ranks(dist.get_rank(), dist.get_world_size(), dist.get_backend(), owns)
+    if cfg.batch_size % ranks.world_size:
+        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks "
+                          f"({ranks.world_size}): each rank trains on batch_size / ranks sequences")
+    return ranks
+
+
+def _destroy_group(exc_type=None, exc=None, tb=None) -> bool:
+    """The end of a run that created the group: free the model first, then destroy the group."""
+    if tb is not None:
+        # a failing run's traceback keeps its frames' locals, the model among them: drop them
+        traceback.clear_frames(tb)
+    gc.collect()  # the toggles dropped their wrappers just before this (LIFO): free them now
+    if group_alive():
+        dist.destroy_process_group()
+    return False  # never swallow the exception
+
+
+def release_model(ctx) -> None:
+    """Drop the build's references to a DDP/FSDP/DeepSpeed model: registered by those toggles on ctx.stack,
+    so it runs before the process group is destroyed."""
+    ctx.no_sync = None
+    ctx.model = ctx.base_model = ctx.optimizer = None
+    gc.collect()
+
+
+def shard_batches(cfg, batches: Iterator) -> Iterator:
+    """This rank's rows of every global batch, for runs whose toggles split the batch across ranks."""
+    if not needs_process_group(cfg.toggles) or not group_alive() or dist.get_world_size() == 1:
+        return batches
+    r, w = dist.get_rank(), dist.get_world_size()
+    if cfg.batch_size % w:
+        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks ({w})")
+    return (_rows(batch, r, w) for batch in batches)
+
+
+def _rows(batch, r: int, w: int):
+    leaves, spec = tree_flatten(batch)
+    return tree_unflatten([leaf.chunk(w)[r] if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+
+
+def adopt(ranks: Ranks, ctx, result: RunResult) -> None:
+    """Per-rank accounting: this rank's tokens and FLOPs per step are its share of the global batch's."""
+    per_rank = ctx.config.batch_size // ranks.world_size
+    if per_rank % ctx.grad_accum_steps:
+        raise ConfigError(f"RunConfig.batch_size / ranks ({per_rank}) must be divisible by the gradient "
+                          f"accumulation steps ({ctx.grad_accum_steps})")
+    result.tokens_per_step //= ranks.world_size
+    if result.flops_per_step:
+        result.flops_per_step /= ranks.world_size
+
+
+@dataclass
+class DistributedRunResult(RunResult):
+    """A run over several ranks: throughput summed over ranks, the largest rank's peak memory, each rank's kept."""
+
+    world_size: int = 1
+    backend: str = ""
+    per_rank: list[dict] = field(default_factory=list)  # rank, tokens_per_s, step_ms, peak_mem_bytes, final_loss
+
+    def summary_row(self):
+        row = super().summary_row()
+        mems = [r["peak_mem_bytes"] for r in self.per_rank]
+        extra = f"{self.world_size} ranks ({self.backend})"
+        if all(m is not None for m in mems):
+            extra += "; peak MB per rank: " + ", ".join(f"{m / 2**20:.1f}" for m in mems)
+        row["note"] = "; ".join(x for x in (extra, row["note"]) if x)
+        return row
+
+
+def aggregate(ranks: Ranks, result: RunResult) -> DistributedRunResult:
+    """Every rank's figures gathered into one result (the same on every rank)."""
+    mine = dict(rank=ranks.rank, tokens_per_s=result.tokens_per_s, tokens_per_s_wall=result.tokens_per_s_wall,
+                step_ms=result.median_step_ms, peak_mem_bytes=result.peak_mem_bytes, mfu=result.mfu,
+                final_loss=result.final_loss, losses=result.losses, status=result.status)
+    rows: list[dict] = [None] * ranks.world_size  # type: ignore[list-item]
+    dist.all_gather_object(rows, mine)
+    out = DistributedRunResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
+                               world_size=ranks.world_size, backend=ranks.backend)
+    out.per_rank = [{k: v for k, v in r.items() if k != "losses"} for r in rows]
+    out.tokens_per_step = result.tokens_per_step * ranks.world_size
+    out.tokens_per_s = _sum(r["tokens_per_s"] for r in rows)
+    out.tokens_per_s_wall = _sum(r["tokens_per_s_wall"] for r in rows)
+    mems = [r["peak_mem_bytes"] for r in rows]
+    out.peak_mem_bytes = max(mems) if all(m is not None for m in mems) else None
+    mfus = [r["mfu"] for r in rows]
+    out.mfu = sum(mfus) / len(mfus) if all(m is not None for m in mfus) else None
+    if result.flops_per_step:
+        out.flops_per_step = result.flops_per_step * ranks.world_size
+    # same sync points on every rank: average the losses step by step
+    out.losses = [(step, sum(r["losses"][k][1] for r in rows) / len(rows)) for k, (step, _) in enumerate(result.losses)]
+    out.final_loss = out.losses[-1][1] if out.losses else None
+    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}), batch_size/{ranks.world_size} per rank: "
+                     f"tokens/s summed over ranks, peak memory of the largest rank, loss averaged over ranks")
+    return out
+
+
+def _sum(values):
+    values = list(values)
+    return sum(values) if all(v is not None for v in values) else None
+
+
+def _local(t):
+    return getattr(t, "_local_tensor", t)  # a DTensor (FSDP2) holds this rank's shard in a local tensor
+
+
+class LocalTensorBytes(LiveTensorBytes):
+    """LiveTensorBytes that counts a DTensor by its local shard: the bytes this rank holds."""
+
+    def __init__(self, baseline=()) -> None:
+        super().__init__([_local(t) for t in baseline])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            t = _local(t)
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                self._track(t.untyped_storage())
+        return out

@@ -1,0 +1,29 @@
+"""CPU offload (FSDP2's policy): sharded weights, gradients and optimizer state live in host memory."""
+
+from __future__ import annotations
+
+from ..launch.ranks import available_with_ranks
+from .base import BuildContext, Toggle
+
+
+class CPUOffload(Toggle):
+    name = "cpu_offload"
+    summary = "FSDP2 CPUOffloadPolicy: shards kept in CPU memory, copied to the device per block; step on the CPU"
+    cost = "host-device copies every step and the optimizer step on the CPU: much slower"
+    helps_when = "even the sharded model does not fit in device memory (needs fsdp)"
+    group = "distributed"
+    kind = "memory"
+    phase = "wrap"
+    needs_process_group = True
+
+    def available(self, hw) -> tuple[bool, str]:
+        return available_with_ranks("CPU offload (with FSDP)")
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        # the fsdp toggle applies the policy when it shards (config.REQUIRES makes sure it is on)
+        where = "already in host memory: on a CPU-only run this exercises the code path, it saves nothing" \
+            if ctx.device.type == "cpu" else "in pinned host memory"
+        ctx.notes.append(f"cpu_offload: sharded weights, gradients and optimizer state {where}")
+
+
+TOGGLE = CPUOffload()

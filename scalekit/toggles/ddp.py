@@ -1,0 +1,33 @@
+"""DDP: one model replica per rank, gradients averaged across ranks by all-reduce during backward."""
+
+from __future__ import annotations
+
+from torch.nn.parallel import DistributedDataParallel
+
+from ..launch.ranks import available_with_ranks, release_model
+from .base import BuildContext, Toggle
+
+
+class DDP(Toggle):
+    name = "ddp"
+    summary = "DistributedDataParallel: each rank trains on batch/ranks, gradients all-reduced in buckets"
+    cost = "a full copy of weights, gradients and optimizer state on every rank, plus gradient buckets"
+    helps_when = "the model fits on one device and you have more devices: throughput scales with ranks"
+    group = "distributed"
+    kind = "runtime"
+    phase = "wrap"
+    needs_process_group = True  # the engine joins (or creates) the process group before building
+
+    def available(self, hw) -> tuple[bool, str]:
+        return available_with_ranks("DDP")
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        ctx.model = DistributedDataParallel(ctx.model, device_ids=device_ids)
+        # micro-steps before the last accumulate locally; the last one all-reduces the sum (train_step)
+        ctx.no_sync = ctx.model.no_sync
+        # a DDP model outliving its process group can abort the process at exit: drop it first (LIFO)
+        ctx.stack.callback(release_model, ctx)
+
+
+TOGGLE = DDP()

@@ -1,0 +1,91 @@
+"""DeepSpeed ZeRO stages 1-3, optionally offloading to the CPU (the optional `scalekit[deepspeed]` extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..launch.ranks import release_model, world_size
+from .base import BuildContext, Toggle
+
+MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")
+
+
+def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
+    """DeepSpeed's config for a ZeRO mode; accumulation is scalekit's (see EngineSteps), so DeepSpeed's is 1."""
+    stage = int(mode[4])
+    zero: dict = {"stage": stage}
+    if mode.endswith("-offload"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+            "train_batch_size": micro_batch * ranks, "zero_optimization": zero, "bf16": {"enabled": bf16},
+            "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 2**31 - 1}
+
+
+class EngineSteps:
+    """Stands where train_step expects a GradScaler, so backward and step go through the DeepSpeed engine.
+
+    train_step calls scale(loss).backward() once per micro-batch (the loss already divided by their
+    number) and step(optimizer) once: the last micro-batch is DeepSpeed's accumulation boundary.
+    """
+
+    def __init__(self, engine, ctx: BuildContext):
+        self.engine, self.ctx, self.micro = engine, ctx, 0
+
+    def scale(self, loss):
+        return _Backward(self, loss)
+
+    def step(self, optimizer) -> None:
+        self.engine.step()
+        self.micro = 0
+
+    def update(self) -> None:
+        pass
+
+
+class _Backward:
+    def __init__(self, steps: EngineSteps, loss):
+        self.steps, self.loss = steps, loss
+
+    def backward(self) -> None:
+        s = self.steps
+        s.engine.set_gradient_accumulation_boundary(s.micro == s.ctx.grad_accum_steps - 1)
+        s.engine.backward(self.loss)
+        s.micro += 1
+
+
+class DeepSpeed(Toggle):
+    name = "deepspeed"
+    summary = "DeepSpeed ZeRO: stage 1 shards optimizer state, 2 also gradients, 3 also weights; -offload to CPU"
+    cost = "communication like FSDP's for stage 3; offload moves the optimizer step (and stage-3 weights) to the CPU"
+    helps_when = "the model's training state does not fit on the GPUs; offload when even sharding is not enough"
+    group = "distributed"
+    kind = "memory"
+    phase = "step"  # wraps the model and the optimizer scalekit built, after accumulation is known
+    choices = MODES
+    needs_process_group = True
+
+    def available(self, hw) -> tuple[bool, str]:
+        if hw.device_type != "cuda":
+            return False, "DeepSpeed runs here on CUDA GPUs only; this run is on the CPU"
+        if importlib.util.find_spec("deepspeed") is None:
+            return False, "DeepSpeed is not installed: pip install 'scalekit[deepspeed]' (it builds its ops on first use)"
+        return True, ""
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        import deepspeed
+
+        micro = ctx.config.batch_size // world_size() // ctx.grad_accum_steps
+        config = ds_config(value, micro, world_size(), "bf16" in ctx.config.toggles)
+        # the client optimizer stays ctx.optimizer: ZeRO rewrites its param groups into its partitions
+        engine, _, _, _ = deepspeed.initialize(model=ctx.model, optimizer=ctx.optimizer, config=config)
+        ctx.model = engine
+        ctx.grad_scaler = EngineSteps(engine, ctx)
+        ctx.stack.callback(release_model, ctx)
+        ctx.stack.callback(engine.destroy)  # LIFO: DeepSpeed's own teardown, then the references
+        ctx.notes.append(f"deepspeed: ZeRO stage {value[4]}{' with CPU offload' if 'offload' in value else ''}")
+
+
+TOGGLE = DeepSpeed()
