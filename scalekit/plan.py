@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from .config import RunConfig
 from .errors import ConfigError
@@ -36,6 +37,9 @@ from .models.presets import PRESETS
 from .toggles.checkpointing import SEQUENTIAL, sequential_segments
 from .toggles.nice_numbers import VOCAB_MULTIPLE, round_up
 from .toggles.optim import EIGHT_BIT
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FP32 = 4
 INT64 = 8
@@ -246,3 +250,21 @@ def estimate(config: RunConfig, device: str | None = None) -> Estimate:
                     saved_activations_bytes=saved, flops_per_step=float(flops),
                     hardware_flops_per_step=float(flops + recomputed * tokens_step),
                     n_params=n_params, notes=notes)
+
+
+def planned_vs_measured(results) -> pd.DataFrame:
+    """One row per measured run of the built-in GPT: planned and measured peak (MiB) and the planner's error."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        if r.memory_breakdown() is None:
+            continue
+        fields = {k: v for k, v in r.config.items() if k not in ("model", "batch_fn", "loss_fn")}
+        planned = estimate(RunConfig(**fields))
+        rows.append({"run": r.label, "planned peak MiB": planned.peak_bytes / 2**20,
+                     "measured peak MiB": r.peak_mem_bytes / 2**20,
+                     "error %": 100 * (planned.peak_bytes - r.peak_mem_bytes) / r.peak_mem_bytes,
+                     "planned activations MiB": planned.activations_bytes / 2**20,
+                     "measured activations MiB": r.activations_bytes / 2**20})
+    return pd.DataFrame(rows)

@@ -95,7 +95,8 @@ GPU_CASES = [
     dict(preset="small", batch_size=32),
     dict(preset="medium", batch_size=16, toggles=["bf16", "sdpa"]),
     dict(preset="medium", batch_size=16, toggles={"checkpointing": True}),
-    dict(preset="gpt2-124m", batch_size=4, toggles={"bf16": True, "sdpa": True, "optim": "adamw_torch_fused"}),
+    dict(preset="gpt2-124m", batch_size=4, data="shakespeare",
+         toggles={"bf16": True, "sdpa": True, "optim": "adamw_torch_fused"}),
 ]
 
 

@@ -68,6 +68,20 @@ def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
     return cls(params, lr=lr)
 
 
+def state_bytes_by_kind(optimizer: torch.optim.Optimizer) -> dict[str, dict[str, int]]:
+    """{'quantized' | 'full precision': {'params': n, 'state_bytes': b}}: which tensors keep uint8 state."""
+    from ..measure.memory import storage_bytes
+
+    params: dict[str, int] = {}
+    tensors: dict[str, list[torch.Tensor]] = {}
+    for p, state in optimizer.state.items():
+        held = [v for v in state.values() if isinstance(v, torch.Tensor)]
+        kind = "quantized" if any(v.dtype == torch.uint8 for v in held) else "full precision"
+        params[kind] = params.get(kind, 0) + p.numel()
+        tensors.setdefault(kind, []).extend(held)
+    return {kind: {"params": params[kind], "state_bytes": storage_bytes(tensors[kind])} for kind in params}
+
+
 def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
     """8-bit state is too coarse for token embeddings (rare rows, large updates): keep theirs in 32 bits.
 
