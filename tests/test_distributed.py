@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 
 import pytest
 import torch
@@ -167,3 +168,63 @@ def _uneven():
 def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error():
     with pytest.raises(Exception, match=r"RunConfig.batch_size \(7\) must be divisible by the number of ranks \(2\)"):
         launch(_uneven, nprocs=2)
+
+
+class FakeDeepSpeedEngine(torch.nn.Module):
+    """Stands in for DeepSpeed's engine on a CPU: plain backward and step, every call recorded."""
+
+    def __init__(self, model, optimizer):
+        super().__init__()
+        self.module, self.optimizer, self.calls = model, optimizer, []
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        self.calls.append(("boundary", is_boundary))
+
+    def backward(self, loss):
+        self.calls.append(("backward", None))
+        loss.backward()
+
+    def step(self):
+        self.calls.append(("step", None))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def destroy(self):
+        self.calls.append(("destroy", None))
+
+
+def test_deepspeed_glue_routes_backward_and_step_through_the_engine_cpu_proxy(monkeypatch):
+    """DeepSpeed itself needs a GPU; this checks scalekit's side of it: one engine.backward per micro-batch,
+    the last one marked as the accumulation boundary, one engine.step per step, the same update as plain."""
+    import types
+
+    from scalekit.toggles.deepspeed import ds_config
+
+    made = {}
+
+    def initialize(model, optimizer, config):
+        made["config"] = config
+        made["engine"] = FakeDeepSpeedEngine(model, optimizer)
+        return made["engine"], optimizer, None, None
+
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(initialize=initialize))
+    ds_cfg = tiny(batch_size=BATCH, toggles={"deepspeed": "zero3-offload", "grad_accum": 2}).resolve(CPU)
+    with contextlib.ExitStack() as stack:
+        ctx = build(ds_cfg, CPU, stack)
+        losses = [train_step(ctx, next(ctx.batches)).item() for _ in range(STEPS)]
+        params = {n: p.detach().clone() for n, p in ctx.base_model.named_parameters()}
+        calls = made["engine"].calls
+    assert calls[-1] == ("destroy", None)  # DeepSpeed's teardown ran with the run's end
+    per_step = [("boundary", False), ("backward", None), ("boundary", True), ("backward", None), ("step", None)]
+    assert calls[:-1] == per_step * STEPS
+    ref_losses, ref_params, _, _ = train(tiny(batch_size=BATCH))
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    for name, p in ref_params.items():
+        torch.testing.assert_close(params[name], p, atol=1e-5, rtol=1e-4)
+    zero = made["config"]["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "cpu"
+    assert made["config"]["train_micro_batch_size_per_gpu"] == BATCH // 2  # one rank, 2 micro-batches
+    assert "offload_optimizer" not in ds_config("zero1", 4, 2, False)["zero_optimization"]
