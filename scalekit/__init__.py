@@ -1,11 +1,11 @@
 """scalekit: switch training optimizations on a live model and measure them honestly."""
 
+from . import launch  # callable: scalekit.launch(fn, *args, nprocs=N); also the package
 from .batch_finder import find_batch_size
 from .config import RunConfig
 from .engine import build, run
 from .errors import ConfigError, ToggleUnavailable
 from .hardware import detect
-from .launch import launch  # the function; its package is scalekit.launch's modules (launcher, magic, …)
 from .measure.results import RunResult, compare
 from .plan import estimate
 from .toggles import TOGGLES

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import scalekit
 from scalekit.errors import ConfigError
-from scalekit.launch import ForkUnsafeError, LaunchError, launch, torchrun_command
+from scalekit.launch import ForkUnsafeError, LaunchError, launch, launch_run, torchrun_command
 from scalekit.launch.launcher import LoopbackRendezvous
 from tests.helpers import tiny
 
@@ -61,13 +61,20 @@ def _hello(x):
 
 
 def test_launch_runs_ranks_returns_their_values_and_prefixes_their_output(capsys):
-    out = launch(_hello, 7, nprocs=2)
+    out = scalekit.launch(_hello, 7, nprocs=2)  # the package is callable: scalekit.launch(fn, ...)
     assert [o["rank"] for o in out] == [0, 1]
     assert all(o["x"] == 7 and o["sum"] == 3.0 and o["world"] == 2 for o in out)  # they talked to each other
     assert len({o["pid"] for o in out} | {os.getpid()}) == 3  # two new processes
     assert all(o["master"] == "127.0.0.1" for o in out)
     printed = capsys.readouterr().out
     assert "[rank0]: hello from 0" in printed and "[rank1]: hello from 1" in printed
+
+
+def test_scalekit_launch_is_both_the_function_and_the_package():
+    import scalekit.launch.launcher as launcher_module
+
+    assert callable(scalekit.launch) and scalekit.launch.launcher is launcher_module
+    assert scalekit.launch.launch is launch and scalekit.launch.launch_run is launch_run
 
 
 def _fails_on_rank_1():

@@ -9,6 +9,7 @@
 """
 
 import os
+import sys
 
 # torch.cuda.is_available() normally initialises the CUDA driver, after which forked ranks cannot use
 # CUDA; asking NVML instead keeps the notebook process safe to fork (torch documents this switch).
@@ -21,3 +22,13 @@ from .ranks import DistributedRunResult, needs_process_group  # noqa: E402
 
 __all__ = ["launch", "launch_run", "launch_script", "LaunchError", "ForkUnsafeError", "check_fork_safe",
            "fork_problems", "torchrun_command", "DistributedRunResult", "needs_process_group"]
+
+
+class _CallableModule(sys.modules[__name__].__class__):
+    """`scalekit.launch(fn, ...)` calls `launch`, while `scalekit.launch.<module>` stays this package."""
+
+    def __call__(self, fn, *args, **kwargs):
+        return launch(fn, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
