@@ -84,8 +84,10 @@ def test_panel_has_one_control_per_toggle_from_order(cpu):
     assert lab.config().toggles == {"sdpa": True}
     with pytest.raises(KeyError, match="precision"):
         lab.set(fp32=True)
-    with pytest.raises(ValueError, match="bf16"):
+    with pytest.raises(ConfigError, match="bf16"):
         lab.set(precision="int3")
+    with pytest.raises(ConfigError, match="tf32.*CPU"):
+        lab.set(tf32=True)  # unavailable here: refused with the reason, like the disabled checkbox
 
 
 def test_unavailable_toggle_is_disabled_and_says_why(cpu):

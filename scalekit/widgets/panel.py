@@ -2,9 +2,9 @@
 
 Built from `scalekit.toggles.ORDER`, never from a hand-written list, so a toggle added there shows up
 here.  An on/off toggle is a checkbox; a toggle with modes (compile mode, accumulation steps) is a
-dropdown; toggles that exclude each other (bf16 / fp16, from `EXCLUSIVE`) share one dropdown whose
-first entry means "none of them" (for precision: fp32).  An unavailable toggle is disabled and its
-reason is written beside it.
+dropdown; toggles of one group that all exclude each other (bf16 / fp16, from `EXCLUSIVE`) share one
+dropdown whose first entry means "none of them" (for precision: fp32).  An unavailable toggle is
+disabled, or left out of its dropdown, and its reason is written beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from ..errors import ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable
 from ..toggles import EXCLUSIVE, ORDER, Toggle
 
 OFF = "off"
@@ -48,7 +48,10 @@ class ToggleControl:
             value = self.off
         if value not in self.choices:
             allowed = ", ".join(repr(v) for v in self.choices)
-            raise ValueError(f"Lab control {self.key!r}: {value!r} is not one of {allowed}")
+            raise ConfigError(f"Lab control {self.key!r}: {value!r} is not one of {allowed}")
+        for name in self.choices[value]:
+            if name in self.reasons:
+                raise ToggleUnavailable(f"Lab: toggle {name!r} cannot be switched on here: {self.reasons[name]}")
         self.widget.value = value
 
 
