@@ -1,10 +1,11 @@
 """What does the Lab's live view cost? The same config through `run()` and through the Lab, side by side.
 
 The Lab runs `scalekit.run` in a background thread and redraws its plots, progress bar and status line
-from a second thread at most `updates_per_s` times a second.  Two figures:
+from a second thread at most `updates_per_s` times a second (less often after a costly redraw).
+Two figures:
 
-- view busy: the view thread's CPU time (time.thread_time) ÷ the run's wall time.  Python code needs
-  the GIL, so this is what the view can take from the training thread at most;
+- view busy: the view thread's CPU time (time.thread_time) ÷ the run's wall time.  The view holds the
+  GIL while it works, so this is about what it takes from the training thread (hand-offs add a little);
 - side by side: the Lab's wall-clock tokens/s ÷ `run()`'s on the same config, alternating which goes
   first in each round so drift in the machine's speed hits both alike.  `run()` is called from a
   background thread as the Lab calls it: with 2 OpenMP threads on a loaded machine, torch in the main
