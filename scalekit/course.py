@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from .hardware import detect
+from .hardware import cuda_gpu_present
 from .measure.results import RunResult, compare
 
 
 def on_gpu() -> bool:
-    return detect().device_type == "cuda"
+    """A usable CUDA GPU is present, found without creating a CUDA context (so notebooks can still fork ranks)."""
+    return cuda_gpu_present()
 
 
 def pick(cpu, gpu):
