@@ -147,7 +147,7 @@ class GPT(nn.Module):
             logits[..., V:] = float("-inf")
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits[..., :V], loss
 
     @torch.no_grad()
