@@ -6,7 +6,13 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 
 
+FORKING_MODULES = ("test_launch", "test_distributed")
+
+
 def pytest_collection_modifyitems(config, items):
+    # Tests that fork ranks go first: scalekit.launch rightly refuses to fork once this process has imported
+    # bitsandbytes or initialised CUDA, which later tests (8-bit optimizers, GPU runs) do.
+    items.sort(key=lambda item: not item.path.name.startswith(FORKING_MODULES))  # stable: order kept within
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (torch sees no CUDA device)")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
     for item in items:
