@@ -146,7 +146,7 @@ def cmd_toggles(args, stop) -> int:
     from .toggles import ORDER
 
     for t in ORDER:
-        modes = f" [modes: {', '.join(t.choices)}]" if t.choices else ""
+        modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
         print(f"{t.name:13} {t.summary}{modes}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
     return 0
 

@@ -133,8 +133,8 @@ class RunConfig:
     def describe(self) -> str:
         if not self.toggles:
             return "baseline"
-        return " + ".join(n if v is True or v == (TOGGLES[n].choices or (None,))[0] else f"{n}={v}"
-                          for n, v in self.toggles.items())
+        # a mode named "default" goes unsaid ("compile", not "compile=default"); other values are said
+        return " + ".join(n if v is True or v == "default" else f"{n}={v}" for n, v in self.toggles.items())
 
     def check_available(self, hw) -> None:
         """Raise ToggleUnavailable for the first toggle this machine cannot run, with the reason."""

@@ -95,7 +95,9 @@ def test_unavailable_toggle_is_disabled_and_says_why(cpu):
                                           device_name="Old GPU", capability=(7, 0))
     lab = Lab(preset="tiny", device="cpu", hw=no_tf32_no_bf16)
     for toggle in ORDER:  # disabled exactly when the toggle says it is unavailable, with its reason beside
-        ok, why = toggle.available(no_tf32_no_bf16)
+        # the Lab launches the ranks a toggle like ddp needs: it asks such toggles as a rank would be asked
+        ask = toggle.available_in_ranks if getattr(toggle, "needs_process_group", False) else toggle.available
+        ok, why = ask(no_tf32_no_bf16)
         control = next(c for c in lab.controls.values() if toggle.name in c.names)
         if len(control.names) == 1:
             assert control.widget.disabled is (not ok)
@@ -172,6 +174,13 @@ def test_two_runs_fill_the_table_and_overlay_traces(cpu, tmp_path):
         assert len(trace.x) == 1 + 6  # warm-up and measured steps
     for trace, result in zip(lab.plots.loss.data, (first, second), strict=True):
         assert list(zip(trace.x, trace.y, strict=True)) == result.losses
+
+    # the stacked memory bars: one bar per run, one trace per part, heights the measured bytes in MiB
+    bars = [t for t in lab.memory_bar.data if t.type == "bar"]
+    assert [t.name for t in bars] == ["parameters", "gradients", "optimizer state", "activations (peak − the rest)"]
+    assert list(bars[0].x) == ["#1 baseline", "#2 sdpa"]
+    assert list(bars[3].y) == pytest.approx([r.activations_bytes / 2**20 for r in (first, second)])
+    assert sum(t.y[1] for t in bars) == pytest.approx(second.peak_mem_bytes / 2**20)
 
     # the Lab measures what run() measures: same config, same losses
     direct = run(dataclasses.replace(lab.base_config, toggles={"sdpa": True}, batch_size=8), hw=cpu)
@@ -327,3 +336,12 @@ def test_import_scalekit_loads_no_widget_library():
     code = ("import sys, scalekit; bad = [m for m in ('ipywidgets', 'plotly', 'anywidget') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_select_shows_exactly_the_given_toggles(cpu):
+    lab = Lab(preset="tiny", steps=2, device="cpu", hw=cpu, **FAST)
+    lab.set(sdpa=True)
+    lab.select({"bf16": True, "fused_adamw": True, "compile": "default"})
+    assert lab.panel.selected() == {"bf16": True, "fused_adamw": True, "compile": "default"}
+    with pytest.raises(ConfigError, match="unknown toggle 'warp'"):
+        lab.select(["warp"])

@@ -50,11 +50,19 @@ def rank() -> int:
 
 def available_with_ranks(what: str) -> tuple[bool, str]:
     """A toggle's `available` answer for things that need two or more processes."""
-    if not dist.is_available():
-        return False, "this torch build has no torch.distributed"
+    ok, why = distributed_available()
+    if not ok:
+        return ok, why
     if world_size() > 1:
         return True, ""
     return False, (f"{what} needs several processes and this one runs alone (world size 1): {HOW_TO_LAUNCH}")
+
+
+def distributed_available() -> tuple[bool, str]:
+    """Whether ranks launched from here could run a distributed toggle: torch.distributed is built in."""
+    if not dist.is_available():
+        return False, "this torch build has no torch.distributed"
+    return True, ""
 
 
 def needs_process_group(toggles) -> bool:

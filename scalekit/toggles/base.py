@@ -60,6 +60,11 @@ class Toggle:
         """(True, "") or (False, the reason in plain words)."""
         return True, ""
 
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        """What `available` would answer in each rank of a multi-process launch (the Lab and CLI launch
+        toggles that need several processes); the same answer for toggles that do not."""
+        return self.available(hw)
+
     def validate(self, value: Any) -> Any:
         """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values."""
         if self.choices is None:

@@ -74,6 +74,7 @@ class Checkpointing(CountToggle):
     kind = "memory"
     phase = "wrap"
     default = 1
+    choices = (1, 2, "sequential")  # offered in the Lab and `scalekit toggles`; any count works
     unit = "blocks (1: every block, k: every k-th block), or 'sequential'"
 
     def validate(self, value: Any) -> int | str:

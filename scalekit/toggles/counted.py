@@ -19,7 +19,8 @@ def as_count(value: Any) -> int | None:
 
 
 class CountToggle(Toggle):
-    """A toggle set to a positive whole number; True means `default`."""
+    """A toggle set to a positive whole number; True means `default`.  Its `choices` are the counts offered
+    in menus: `validate` accepts any count, not only those."""
 
     default: int = 1
     unit: str = ""  # what is counted, for error messages

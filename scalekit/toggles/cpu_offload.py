@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..launch.ranks import available_with_ranks
+from ..launch.ranks import available_with_ranks, distributed_available
 from .base import BuildContext, Toggle
 
 
@@ -18,6 +18,9 @@ class CPUOffload(Toggle):
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("CPU offload (with FSDP)")
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
         # the fsdp toggle applies the policy when it shards (config.REQUIRES makes sure it is on)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from ..launch.ranks import available_with_ranks, release_model
+from ..launch.ranks import available_with_ranks, distributed_available, release_model
 from .base import BuildContext, Toggle
 
 
@@ -20,6 +20,9 @@ class DDP(Toggle):
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("DDP")
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None

@@ -18,6 +18,7 @@ class EmptyCacheSteps(CountToggle):
     kind = "memory"
     phase = "step"
     default = 1
+    choices = (1, 10, 100)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "optimizer steps between calls"
 
     def available(self, hw) -> tuple[bool, str]:

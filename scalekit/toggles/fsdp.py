@@ -8,7 +8,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from ..launch.ranks import available_with_ranks, release_model, world_size
+from ..launch.ranks import available_with_ranks, distributed_available, release_model, world_size
 from .base import BuildContext, Toggle
 
 
@@ -45,6 +45,9 @@ class FSDP(Toggle):
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("FSDP")
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
         kwargs = fsdp_kwargs(ctx)

@@ -20,6 +20,7 @@ class GradAccum(CountToggle):
     kind = "memory"
     phase = "step"
     default = 4
+    choices = (2, 4, 8, 16)  # offered in the Lab and `scalekit toggles`; any count that divides the batch works
     unit = "micro-batches per optimizer step"
 
     def apply(self, ctx: BuildContext, value: int) -> None:

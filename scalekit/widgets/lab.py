@@ -22,12 +22,16 @@ import traceback
 from dataclasses import dataclass
 
 import ipywidgets as w
+import plotly.graph_objects as go
 
 from ..config import RunConfig
 from ..engine import plain_error, run
 from ..errors import ConfigError
 from ..hardware import detect
+from ..launch.ranks import needs_process_group
 from ..measure.results import RunResult, StepRecord
+from ..plots import memory_breakdown_figure
+from ..toggles import TOGGLES
 from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
@@ -80,13 +84,17 @@ class Lab:
         self._steps_seen = 0
         self._steps_total = 0
 
-        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model)
+        # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
+        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True)
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
                                       layout=w.Layout(width="160px"))
         self.batch_size = w.BoundedIntText(value=self.default_batch_size, min=1, max=10**7, description="batch",
                                            layout=w.Layout(width="160px"))
+        self.processes = w.BoundedIntText(value=2, min=2, max=1024, description="processes",
+                                          tooltip="ranks launched for toggles that need several (ddp, fsdp)",
+                                          layout=w.Layout(width="180px"))
         self.run_button = w.Button(description="Run", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.csv_button = w.Button(description="Save CSV", icon="download")
@@ -103,6 +111,12 @@ class Lab:
         self.plots = LivePlots(self.hw.device_type)
         self.table = w.HTML(results_html(results_frame([])))
         self.table.add_class("scalekit-table")
+        # measured memory at the peak of a step, split in parameters, gradients, optimizer state, activations
+        self.memory_bar = go.FigureWidget(layout=dict(title=dict(text="Memory at the peak of a step (MiB)",
+                                                                 font=dict(size=14)),
+                                                      barmode="stack", height=320, template="plotly_white",
+                                                      margin=dict(l=60, r=10, t=40, b=40)))
+        self.memory_bar.add_class("scalekit-memory-breakdown")
 
         self.run_button.on_click(self._guard(lambda _: self.start()))
         self.stop_button.on_click(self._guard(lambda _: self.stop()))
@@ -113,9 +127,12 @@ class Lab:
 
         where = "your model" if self.base_config.custom_model else f"preset {self.base_config.resolve(self.hw).preset}"
         header = w.HTML(f"<b>scalekit Lab</b> — {html.escape(where)} on {html.escape(self.hw.device_name)}")
-        buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size])
+        launchable = any(getattr(TOGGLES[name], "needs_process_group", False) and name not in c.reasons
+                         for c in self.controls.values() for name in c.names)
+        buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size]
+                         + ([self.processes] if launchable else []))
         self.widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
-                              self.message, self.plots.widget(), self.table,
+                              self.message, self.plots.widget(), self.table, self.memory_bar,
                               w.HBox([self.csv_button, self.json_button]), self.log])
         self.widget.add_class("scalekit-lab")
 
@@ -133,6 +150,12 @@ class Lab:
             if key not in self.controls:
                 raise KeyError(f"no control {key!r}; controls: {', '.join(self.controls)}")
             self.controls[key].set(value)
+
+    def select(self, toggles) -> None:
+        """Show exactly `toggles` switched on (names, or {name: value} as in RunConfig.toggles)."""
+        chosen = RunConfig(toggles=toggles).toggles  # validated and normalised, with errors that name the field
+        self.panel.clear()
+        self.panel.preselect(chosen)
 
     def config(self) -> RunConfig:
         """The RunConfig the next Run would measure."""
@@ -215,7 +238,11 @@ class Lab:
 
         t0 = time.perf_counter()
         try:
-            result = run(cfg, on_step=on_step, on_status=on_status, stop=self._stop, hw=self.hw, catch_errors=True)
+            if needs_process_group(cfg.toggles):
+                result = self._launch(cfg, on_step, on_status)
+            else:
+                result = run(cfg, on_step=on_step, on_status=on_status, stop=self._stop, hw=self.hw,
+                             catch_errors=True)
         except Exception as exc:  # raised before the run starts (e.g. a toggle this machine cannot run)
             result = RunResult(label=cfg.label, config=cfg.to_dict(), status="failed", error=plain_error(exc),
                                device=self.hw.device_name)
@@ -226,6 +253,18 @@ class Lab:
             self._finish(number, key, result)
         except Exception:
             self._log_exception()
+
+    def _launch(self, cfg: RunConfig, on_step, on_status) -> RunResult:
+        """Run `cfg` in `processes` ranks; its steps reach the plots when the ranks are done (they run in
+        other processes, so nothing streams back live).  Stop cannot reach into the ranks."""
+        from ..launch import launch_run
+
+        n = self.processes.value
+        on_status(f"running in {n} processes; the plots fill in when they finish")
+        result = launch_run(cfg, nprocs=n, catch_errors=True)
+        for record in result.steps:
+            on_step(record)
+        return result
 
     def _view(self, done: threading.Event, cost: ViewCost) -> None:
         shown = None
@@ -261,16 +300,26 @@ class Lab:
             self._say(f"Run {key} stopped after {len(result.steps)} steps ({measured} measured); kept in the table "
                       f"as stopped.")
         self.table.value = results_html(self.results)
+        self._show_memory()
         self._set_status(f"{key}: {result.status}" + (f", {result.tokens_per_s:,.0f} tokens/s"
                                                       if result.tokens_per_s else ""))
         self._lock_controls(False)
 
     # -- small helpers -----------------------------------------------------------------------------
+    def _show_memory(self) -> None:
+        """Redraw the stacked memory bars: one per run that measured its breakdown."""
+        rows = [(f"#{n} {r.label}", parts) for n, r in self.runs if (parts := r.memory_breakdown())]
+        if not rows:
+            return
+        fig = memory_breakdown_figure(rows, title=self.memory_bar.layout.title.text)
+        self.memory_bar.data = ()
+        self.memory_bar.add_traces(list(fig.data))
+
     def _lock_controls(self, locked: bool) -> None:
         self.panel.set_locked(locked)
         self.run_button.disabled = locked
         self.stop_button.disabled = not locked
-        self.steps.disabled = self.batch_size.disabled = locked
+        self.steps.disabled = self.batch_size.disabled = self.processes.disabled = locked
 
     def _show_conflicts(self) -> None:
         text = "; ".join(self.panel.conflicts())

@@ -74,10 +74,13 @@ def control_sets(toggles: Sequence[Toggle], exclusive) -> list[list[Toggle]]:
     return sets
 
 
-def unavailable_reason(toggle: Toggle, hw, custom_model: bool) -> str:
+def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False) -> str:
+    """Why `toggle` cannot be switched on here ("" if it can).  With `launches`, the panel's owner starts
+    the processes a toggle like ddp needs, so it is asked as a rank of such a launch would be."""
     if custom_model and toggle.gpt_only:
         return "changes the built-in GPT, so it does not apply to your own model"
-    ok, why = toggle.available(hw)
+    needs_ranks = launches and getattr(toggle, "needs_process_group", False)
+    ok, why = toggle.available_in_ranks(hw) if needs_ranks else toggle.available(hw)
     return "" if ok else (why or "unavailable on this machine")
 
 
@@ -129,14 +132,15 @@ def _note(text: str, unavailable: bool) -> w.HTML:
 class TogglePanel:
     """The controls, grouped, and what they select."""
 
-    def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=EXCLUSIVE):
+    def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=EXCLUSIVE,
+                 launches: bool = False):
         self.controls: dict[str, ToggleControl] = {}
         self.exclusive = exclusive
         names = {t.name for t in toggles}
         groups: dict[str, list[w.Widget]] = {}
         for members in control_sets(toggles, exclusive):
             t = members[0]
-            reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model))}
+            reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches))}
             if len(members) > 1:
                 # named after its group unless that name is taken (by a toggle, or another set in the group)
                 key = t.group if t.group and t.group not in names and t.group not in self.controls \
@@ -165,13 +169,22 @@ class TogglePanel:
             out.update(control.selected())
         return out
 
+    def clear(self) -> None:
+        """Every control back to off."""
+        for control in self.controls.values():
+            control.widget.value = control.off
+
     def preselect(self, toggles: dict[str, Any]) -> None:
         """Switch the controls to `toggles` ({name: validated value}, as in a RunConfig)."""
         for name, value in toggles.items():
             control = next(c for c in self.controls.values() if name in c.names)
             if name in control.reasons:
                 raise ToggleUnavailable(f"Lab: toggle {name!r} cannot be switched on here: {control.reasons[name]}")
-            control.widget.value = next(v for v, sel in control.choices.items() if sel == {name: value})
+            offered = [v for v, sel in control.choices.items() if sel == {name: value}]
+            if not offered:
+                raise ConfigError(f"Lab control {control.key!r} does not offer {name}={value!r}; it offers: "
+                                  f"{', '.join(str(v) for v in control.choices if v != control.off)}")
+            control.widget.value = offered[0]
 
     def conflicts(self) -> list[str]:
         """Pairs switched on together that cannot run together (they sit in different controls), and why."""
