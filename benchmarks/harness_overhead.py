@@ -83,7 +83,7 @@ def main() -> None:
         bare, kit = statistics.median(bare_runs), statistics.median(kit_runs)
         ratio = kit / bare
         worst = min(worst, ratio)
-        spread = max(abs(b - k) / b for b, k in zip(bare_runs, kit_runs))
+        spread = max(abs(b - k) / b for b, k in zip(bare_runs, kit_runs, strict=True))
         print(f"{preset:10} bare {bare:12,.0f} tok/s   scalekit {kit:12,.0f} tok/s   ratio {ratio:.3f}   "
               f"({args.repeats} pairs × {s['steps']} steps; largest pairwise gap {spread:.1%})")
     print(f"ratio={worst:.2f}")

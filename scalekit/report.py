@@ -37,7 +37,7 @@ def results_table(results: list[RunResult]) -> str:
 
     def line(cells) -> str:
         return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     out = [line(header), line("-" * w for w in widths), *(line(r) for r in rows)]
     footer = [f"device: {base.device}; torch {base.torch_version}; memory: {base.mem_source}"] if base else []

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from scalekit import RunConfig
+from scalekit import RunConfig, build, detect
+
+CPU = detect("cpu")
 
 
 def tiny(**kwargs) -> RunConfig:
@@ -12,6 +16,14 @@ def tiny(**kwargs) -> RunConfig:
     base = dict(preset="tiny", steps=6, warmup_steps=1, log_every=2, device="cpu")
     base.update(kwargs)
     return RunConfig(**base)
+
+
+@contextlib.contextmanager
+def built(cfg: RunConfig, hw=CPU):
+    """A run's BuildContext (model, optimizer, step contexts), built as `run` would build it, without running."""
+    cfg = cfg.resolve(hw)
+    with contextlib.ExitStack() as stack:
+        yield build(cfg, hw, stack)
 
 
 def learns(result, drop: float = 0.3) -> bool:

@@ -14,7 +14,7 @@ def test_compiled_and_eager_losses_agree_after_n_steps():
     eager = run(tiny(**kwargs))
     compiled = run(tiny(toggles=["compile"], **kwargs))
     assert len(eager.losses) == len(compiled.losses) == 8
-    for (step_e, loss_e), (step_c, loss_c) in zip(eager.losses, compiled.losses):
+    for (step_e, loss_e), (step_c, loss_c) in zip(eager.losses, compiled.losses, strict=True):
         assert step_e == step_c
         assert loss_c == pytest.approx(loss_e, rel=1e-4, abs=1e-4)
     assert eager.final_loss < eager.losses[0][1]  # both really trained

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
-from scalekit import ConfigError, RunConfig, ToggleUnavailable, build, detect, run
+from scalekit import ConfigError, RunConfig, ToggleUnavailable, detect, run
 from scalekit.engine import train_step
 from scalekit.toggles import TOGGLES
-from tests.helpers import Regressor, mse_loss, regression_batch, tiny
+from tests.helpers import Regressor, built, mse_loss, regression_batch, tiny
 
 CPU = detect("cpu")
 
-
-@contextlib.contextmanager
-def built(cfg, hw=CPU):
-    cfg = cfg.resolve(hw)
-    with contextlib.ExitStack() as stack:
-        yield build(cfg, hw, stack)
 
 
 def grads_of_one_step(cfg, batch=None) -> dict[str, torch.Tensor]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import textwrap
@@ -10,21 +9,15 @@ import textwrap
 import pytest
 import torch
 
-from scalekit import ConfigError, RunConfig, ToggleUnavailable, build, detect, run
+from scalekit import ConfigError, RunConfig, ToggleUnavailable, detect, run
 from scalekit.engine import train_step
 from scalekit.toggles import optim as optim_mod
 from scalekit.toggles.optim import EIGHT_BIT, OPTIMIZERS, make_optimizer
-from tests.helpers import learns, tiny
+from tests.helpers import built, learns, tiny
 
 CPU = detect("cpu")
 STEPS = dict(steps=20, warmup_steps=1, log_every=5)
 
-
-@contextlib.contextmanager
-def built(cfg, hw=CPU):
-    cfg = cfg.resolve(hw)
-    with contextlib.ExitStack() as stack:
-        yield build(cfg, hw, stack)
 
 
 @pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")  # said in the run's notes

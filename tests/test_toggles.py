@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import pytest
 import torch
 
-from scalekit import build, detect, run
+from scalekit import detect, run
 from scalekit.models import GPT, GPTConfig
 from scalekit.toggles import ORDER, PHASES, TOGGLES
-from tests.helpers import learns, tiny
+from tests.helpers import built, learns, tiny
 
 CPU = detect("cpu")
 STEPS = dict(steps=30, warmup_steps=1, log_every=5)
 
-
-@contextlib.contextmanager
-def built(cfg, hw=CPU):
-    cfg = cfg.resolve(hw)
-    with contextlib.ExitStack() as stack:
-        yield build(cfg, hw, stack)
 
 
 def test_order_follows_phases_and_every_toggle_explains_itself():
