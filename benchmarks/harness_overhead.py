@@ -1,17 +1,21 @@
 """What does scalekit's harness cost? Its measured training throughput against a bare PyTorch loop.
 
-Same model, data, batch, seed and step count, side by side in one process, alternating bare/scalekit runs
-so drift in the machine's speed hits both alike.  Throughput on both sides is wall-clock: tokens of the
-measured steps divided by the wall time of the measured loop, so everything the harness does between steps
-(timers, records, loss reads, stop checks) is inside scalekit's figure.  The last line is the worst ratio
-over the presets measured, as `ratio=0.99` (scalekit ÷ bare; ≥ 0.98 means the harness costs ≤ 2%).
+Same model, data, batch, seed and step count, side by side in one process.  Runs come in rounds of one
+bare and one scalekit run, the order flipped every round (ABBA) so that drift in the machine's speed and
+whatever the first run of a pair leaves behind hit both sides alike; each round gives a ratio, and the
+median of the rounds' ratios is the figure (on a 2-core machine single rounds scatter by several percent).
+Throughput on both sides is wall-clock: tokens of the measured steps divided by the wall time of the
+measured loop, so everything the harness does between steps (timers, records, loss reads, stop checks) is
+inside scalekit's figure.  The last line is the worst ratio over the presets measured, as `ratio=0.99`
+(scalekit ÷ bare; ≥ 0.98 means the harness costs ≤ 2%).
 
-    python benchmarks/harness_overhead.py [--presets tiny medium] [--repeats 5]
+    python benchmarks/harness_overhead.py [--presets tiny medium] [--rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -21,11 +25,11 @@ from scalekit import RunConfig, run
 from scalekit.data import shakespeare_batches
 from scalekit.models import GPT, PRESETS
 
-SETTINGS = {  # steps per run: enough for a stable median on these CPUs without taking all day
-    "tiny": dict(steps=200, warmup_steps=10),
-    "small": dict(steps=60, warmup_steps=5),
-    "medium": dict(steps=12, warmup_steps=2),
-    "gpt2-124m": dict(steps=20, warmup_steps=5),
+SETTINGS = {  # steps per run and rounds: enough for a stable median on these CPUs without taking all day
+    "tiny": dict(steps=150, warmup_steps=10, rounds=16),
+    "small": dict(steps=60, warmup_steps=5, rounds=10),
+    "medium": dict(steps=10, warmup_steps=2, rounds=6),
+    "gpt2-124m": dict(steps=20, warmup_steps=5, rounds=6),
 }
 LOG_EVERY = 10
 SEED = 1337
@@ -35,6 +39,7 @@ LR = 1e-3
 def bare_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
     """A hand-written nanoGPT-style loop: the reference scalekit is held against."""
     p = PRESETS[preset]
+    gc.collect()  # both sides start from a clean heap: no garbage of the previous run collected mid-loop
     torch.manual_seed(SEED)
     batches = shakespeare_batches(p.block_size, p.batch_size, SEED)
     model = GPT(p.gpt_config())
@@ -60,6 +65,7 @@ def bare_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
 
 
 def scalekit_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
+    gc.collect()
     cfg = RunConfig(preset=preset, steps=steps, warmup_steps=warmup_steps, log_every=LOG_EVERY, seed=SEED, lr=LR,
                     device="cpu", data="shakespeare", measure_memory=False)
     return run(cfg).tokens_per_s_wall
@@ -68,24 +74,30 @@ def scalekit_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "medium"], choices=list(SETTINGS))
-    parser.add_argument("--repeats", type=int, default=5, help="bare/scalekit pairs per preset")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per preset (default: per preset)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     worst = float("inf")
     for preset in args.presets:
-        s = SETTINGS[preset]
-        bare_runs, kit_runs = [], []
+        s = dict(SETTINGS[preset])
+        rounds = args.rounds or s.pop("rounds")
+        s.pop("rounds", None)
         bare_tokens_per_s(preset, **s)  # one untimed pair first: page cache, allocator, lazy imports
         scalekit_tokens_per_s(preset, **s)
-        for _ in range(args.repeats):
-            bare_runs.append(bare_tokens_per_s(preset, **s))
-            kit_runs.append(scalekit_tokens_per_s(preset, **s))
-        bare, kit = statistics.median(bare_runs), statistics.median(kit_runs)
-        ratio = kit / bare
+        bare_runs, kit_runs = [], []
+        for i in range(rounds):
+            if i % 2 == 0:
+                bare_runs.append(bare_tokens_per_s(preset, **s))
+                kit_runs.append(scalekit_tokens_per_s(preset, **s))
+            else:
+                kit_runs.append(scalekit_tokens_per_s(preset, **s))
+                bare_runs.append(bare_tokens_per_s(preset, **s))
+        ratios = [k / b for b, k in zip(bare_runs, kit_runs, strict=True)]
+        ratio = statistics.median(ratios)
         worst = min(worst, ratio)
-        spread = max(abs(b - k) / b for b, k in zip(bare_runs, kit_runs, strict=True))
-        print(f"{preset:10} bare {bare:12,.0f} tok/s   scalekit {kit:12,.0f} tok/s   ratio {ratio:.3f}   "
-              f"({args.repeats} pairs × {s['steps']} steps; largest pairwise gap {spread:.1%})")
+        print(f"{preset:10} bare {statistics.median(bare_runs):12,.0f} tok/s   scalekit "
+              f"{statistics.median(kit_runs):12,.0f} tok/s   ratio {ratio:.3f} (median of {rounds} rounds × "
+              f"{s['steps']} steps; rounds from {min(ratios):.3f} to {max(ratios):.3f})")
     print(f"ratio={worst:.2f}")
 
 
