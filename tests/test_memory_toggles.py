@@ -5,13 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalekit import ConfigError, RunConfig, ToggleUnavailable, detect, run
+from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
 from scalekit.engine import train_step
 from scalekit.toggles import TOGGLES
-from tests.helpers import Regressor, built, mse_loss, regression_batch, tiny
-
-CPU = detect("cpu")
-
+from tests.helpers import CPU, Regressor, built, mse_loss, regression_batch, tiny
 
 
 def grads_of_one_step(cfg, batch=None) -> dict[str, torch.Tensor]:

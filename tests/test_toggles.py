@@ -7,12 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from scalekit import detect, run
+from scalekit import run
 from scalekit.models import GPT, GPTConfig
 from scalekit.toggles import ORDER, PHASES, TOGGLES
-from tests.helpers import built, learns, tiny
+from tests.helpers import CPU, built, learns, tiny
 
-CPU = detect("cpu")
 STEPS = dict(steps=30, warmup_steps=1, log_every=5)
 
 

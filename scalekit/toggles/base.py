@@ -35,7 +35,6 @@ class BuildContext:
     optimizer_kwargs: dict = field(default_factory=dict)
     autocast_dtype: torch.dtype | None = None
     grad_scaler: Any = None  # torch.amp.GradScaler when fp16 is on
-    compile_mode: str | None = None
     grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
     no_sync: Any = None  # model.no_sync-like: a context for micro-steps that must not all-reduce
     optimizer_factory: Any = None  # params -> Optimizer; None: torch AdamW with optimizer_kwargs

@@ -32,7 +32,6 @@ class Compile(Toggle):
         return True, ""
 
     def apply(self, ctx: BuildContext, value) -> None:
-        ctx.compile_mode = value
         # every run compiles afresh: compiled code and guards left by earlier runs in this process would
         # otherwise count against dynamo's recompile limit (past it, dynamo silently runs eagerly)
         torch._dynamo.reset()
