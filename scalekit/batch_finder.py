@@ -85,16 +85,8 @@ def find_batch_size(config: RunConfig, budget_bytes: int | None = None, start: i
     grad_accum=k every batch tried is a multiple of k.
     """
     hw = detect(config.device)
-    if budget_bytes is None and hw.device_type != "cuda":
-        raise ConfigError("find_batch_size: budget_bytes is required on a CPU (a peak-memory budget in bytes, "
-                          "e.g. 2 * 2**30)")
-    if budget_bytes is not None and (isinstance(budget_bytes, bool) or not budget_bytes > 0):
-        raise ConfigError(f"find_batch_size: budget_bytes must be a positive number of bytes, got {budget_bytes!r}")
     unit = config.toggles.get("grad_accum", 1)
-    start = start or unit
-    if start % unit or start > max_batch_size:
-        raise ConfigError(f"find_batch_size: start={start} must be a multiple of grad_accum={unit} and at most "
-                          f"max_batch_size={max_batch_size}")
+    start = _check_search(hw, budget_bytes, start or unit, unit, max_batch_size)
     search = BatchSizeSearch(batch_size=0, budget_bytes=budget_bytes)
     tried: dict[int, Trial] = {}
 
@@ -106,7 +98,28 @@ def find_batch_size(config: RunConfig, budget_bytes: int | None = None, start: i
                 on_trial(tried[b])
         return tried[b].fits
 
-    # 1. powers of two (times the accumulation unit): up while it fits, down if even the start does not
+    lo, hi = _powers_of_two(fits, start, unit, max_batch_size, tried)
+    if hi is not None:
+        lo = _bisect(fits, lo, hi, unit)
+    search.batch_size = lo
+    return search
+
+
+def _check_search(hw, budget_bytes, start: int, unit: int, max_batch_size: int) -> int:
+    if budget_bytes is None and hw.device_type != "cuda":
+        raise ConfigError("find_batch_size: budget_bytes is required on a CPU (a peak-memory budget in bytes, "
+                          "e.g. 2 * 2**30)")
+    if budget_bytes is not None and (isinstance(budget_bytes, bool) or not budget_bytes > 0):
+        raise ConfigError(f"find_batch_size: budget_bytes must be a positive number of bytes, got {budget_bytes!r}")
+    if start % unit or start > max_batch_size:
+        raise ConfigError(f"find_batch_size: start={start} must be a multiple of grad_accum={unit} and at most "
+                          f"max_batch_size={max_batch_size}")
+    return start
+
+
+def _powers_of_two(fits, start: int, unit: int, max_batch_size: int, tried: dict) -> tuple[int, int | None]:
+    """Powers of two (times the accumulation unit): up while it fits, down if even the start does not.
+    Returns (the largest batch that fit, the first that did not, or None if every one up to the cap fit)."""
     lo, hi = None, None
     b = start
     while b <= max_batch_size:
@@ -124,16 +137,18 @@ def find_batch_size(config: RunConfig, budget_bytes: int | None = None, start: i
             lo = b
         else:
             hi = b
-    # 2. between the last fit and the first miss, in steps of 8 (of the unit for small batches)
-    if hi is not None:
-        step = math.lcm(MULTIPLE, unit) if lo >= math.lcm(MULTIPLE, unit) else unit
-        while hi - lo > step:
-            mid = (lo + hi) // 2 // step * step
-            if mid <= lo:
-                break
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-    search.batch_size = lo
-    return search
+    return lo, hi
+
+
+def _bisect(fits, lo: int, hi: int, unit: int) -> int:
+    """Between the last fit and the first miss, in steps of 8 (of the unit for small batches)."""
+    step = math.lcm(MULTIPLE, unit) if lo >= math.lcm(MULTIPLE, unit) else unit
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

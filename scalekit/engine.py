@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,16 +18,16 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import hardware
+from . import distributed, hardware
 from .config import RunConfig
 from .data import shakespeare_batches, synthetic_batches
-from .launch import ranks as distributed
 from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
 from .measure.timing import Spread, step_timer, synchronize
 from .models import GPT, PRESETS
-from .toggles import BuildContext, apply_toggles
+from .models.blocks import find_blocks
+from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 
 StepCallback = Callable[[StepRecord], None]
 StatusCallback = Callable[[str], None]
@@ -38,34 +39,51 @@ def gpt_loss(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) -> BuildContext:
-    """Everything a run needs, built fresh: data, model, wrappers, optimizer, step contexts."""
+    """Everything a run needs, built fresh, phase by phase (PHASES): after each phase's toggles, what that
+    phase is for is built (BUILDERS): the batches, the model, the optimizer and its stepper."""
     torch.manual_seed(cfg.seed)
-    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack)
-    apply_toggles(ctx, "process", cfg.toggles)
+    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack,
+                       world_size=distributed.world_size() if needs_process_group(cfg.toggles) else 1,
+                       gpt_config=None if cfg.custom_model else PRESETS[cfg.preset].gpt_config(cfg.seq_len))
+    for phase in PHASES:
+        apply_toggles(ctx, phase, cfg.toggles)
+        if phase in BUILDERS:
+            BUILDERS[phase](ctx)
+    return ctx
 
-    apply_toggles(ctx, "data", cfg.toggles)
+
+def build_batches(ctx: BuildContext) -> None:
+    cfg = ctx.config
+    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
-    ctx.batches = distributed.shard_batches(cfg, make_batches(cfg, ctx.device, ctx.loader_kwargs))
+    ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
 
+
+def build_model(ctx: BuildContext) -> None:
+    cfg = ctx.config
     if cfg.custom_model:
         model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
         ctx.loss_fn = cfg.loss_fn
     else:
-        ctx.gpt_config = PRESETS[cfg.preset].gpt_config(cfg.seq_len)
-        apply_toggles(ctx, "model_config", cfg.toggles)
         model = GPT(ctx.gpt_config)
         ctx.loss_fn = gpt_loss
-    ctx.base_model = model.to(ctx.device)  # unwrapped: for FLOPs, memory and checkpoints
+    if any(t.device != ctx.device for t in itertools.chain(model.parameters(), model.buffers())):
+        model = model.to(ctx.device)  # (only when needed: the planner's fake tensors cannot be moved in place)
+    ctx.base_model = model  # unwrapped: for FLOPs, memory and checkpoints
     ctx.model = ctx.base_model
+    ctx.blocks = find_blocks(ctx.base_model)
 
-    apply_toggles(ctx, "wrap", cfg.toggles)
-    apply_toggles(ctx, "optimizer", cfg.toggles)
+
+def build_optimizer(ctx: BuildContext) -> None:
     if ctx.optimizer_factory is not None:
         ctx.optimizer = ctx.optimizer_factory(ctx.model.parameters())
     else:
-        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=cfg.lr, **ctx.optimizer_kwargs)
-    apply_toggles(ctx, "step", cfg.toggles)
-    return ctx
+        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=ctx.config.lr, **ctx.optimizer_kwargs)
+    ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
+
+
+# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves).
+BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
 
 
 def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
@@ -95,22 +113,14 @@ def train_step(ctx: BuildContext, batch) -> torch.Tensor:
         last = k == len(micro_batches) - 1
         # gradients are averaged over micro-batches: the same as one step on the whole batch
         sync = contextlib.nullcontext() if last or ctx.no_sync is None else ctx.no_sync()
-        autocast = (torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype) if ctx.autocast_dtype
+        autocast = (torch.autocast(ctx.device.type, dtype=ctx.compute_dtype) if ctx.compute_dtype
                     else contextlib.nullcontext())
         with sync:
             with autocast:
                 loss = ctx.loss_fn(ctx.model, micro) / len(micro_batches)
-            if ctx.grad_scaler is not None:
-                ctx.grad_scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            ctx.stepper.backward(loss, boundary=last)
         losses.append(loss.detach())
-    if ctx.grad_scaler is not None:
-        ctx.grad_scaler.step(ctx.optimizer)
-        ctx.grad_scaler.update()
-    else:
-        ctx.optimizer.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
+    ctx.stepper.step()  # the update, and the gradients cleared (set to None)
     return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
 
@@ -134,11 +144,11 @@ def flops_per_step(ctx: BuildContext) -> float | None:
     return counted or None
 
 
-def mfu_dtype(toggles: dict) -> str:
-    for name in ("bf16", "fp16", "tf32"):
-        if name in toggles:
-            return name
-    return "fp32"
+def mfu_dtype(ctx: BuildContext) -> str:
+    """The dtype whose dense peak MFU is measured against: what the run's matmuls compute in."""
+    if ctx.compute_dtype is not None:
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(ctx.compute_dtype, "fp32")
+    return "tf32" if ctx.tf32_matmuls else "fp32"
 
 
 def run(config: RunConfig, on_step: StepCallback | None = None, on_status: StatusCallback | None = None,
@@ -159,25 +169,9 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
     try:
         with contextlib.ExitStack() as stack:
             # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
-            group = distributed.setup(cfg, hw, stack)  # None unless a toggle needs a process group
-            t_build = time.perf_counter()
-            status(f"building {cfg.label} ({cfg.preset if not cfg.custom_model else 'your model'})")
-            ctx = build(cfg, hw, stack)
-            result.notes.extend(ctx.notes)
-            result.flops_per_step = flops_per_step(ctx)
-            if group is not None:
-                distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
-            result.build_s = time.perf_counter() - t_build
-            grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
-            _measure(ctx, result, on_step, stop, status)
-            _summarise(ctx, result)
-            if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
-                status("counting live tensor memory on one extra step")
-                _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
-            _memory_breakdown(ctx, result, grads.grads_bytes)
-            if group is not None:
-                result = distributed.aggregate(group, result)  # every rank's figures, gathered
-            del ctx
+            if needs_process_group(cfg.toggles):
+                group = distributed.setup(hw, stack, cfg.batch_size)
+            result = _build_and_measure(cfg, hw, stack, group, result, on_step, stop, status)
     except Exception as exc:
         # a rank that carried on would wait forever for the others: let the failure end the launch
         if not catch_errors or group is not None:
@@ -192,6 +186,28 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
     return result
 
 
+def _build_and_measure(cfg: RunConfig, hw, stack, group, result: RunResult, on_step, stop, status) -> RunResult:
+    """Build the run, measure its steps and memory; with ranks, every rank's figures gathered."""
+    t_build = time.perf_counter()
+    status(f"building {cfg.label} ({cfg.preset if not cfg.custom_model else 'your model'})")
+    ctx = build(cfg, hw, stack)
+    result.notes.extend(ctx.notes)
+    result.flops_per_step = flops_per_step(ctx)
+    if group is not None:
+        distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
+    result.build_s = time.perf_counter() - t_build
+    grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
+    _measure(ctx, result, on_step, stop, status)
+    _summarise(ctx, result)
+    if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
+        status("counting live tensor memory on one extra step")
+        _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
+    _memory_breakdown(ctx, result, grads.grads_bytes)
+    if group is not None:
+        result = distributed.aggregate(group, result)  # every rank's figures, gathered
+    return result  # ctx goes with this frame: the toggles' teardown (LIFO) then frees the wrapped model
+
+
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
     cfg = ctx.config
     timer = step_timer(ctx.device)
@@ -199,7 +215,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
     tokens = result.tokens_per_step
     pending_first = 0  # index of the first step not yet reported
     wall_t0 = None
-    if "compile" in cfg.toggles:
+    if ctx.compiled:
         status("compiling: the first step includes compilation and can take a while")
     for i in range(total):
         if stop is not None and stop.is_set():
@@ -251,12 +267,12 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
     if measured:
         median_s = result.step_ms.median / 1e3
         result.tokens_per_s = result.tokens_per_step / median_s
-        if "compile" in cfg.toggles:
+        if ctx.compiled:
             result.compile_s = max(0.0, (result.first_step_ms - result.step_ms.median) / 1e3)
         if cfg.peak_tflops is not None:
             result.peak_tflops, why = cfg.peak_tflops, "peak_tflops given in the config"
         else:
-            result.peak_tflops, why = ctx.hw.peak_tflops(mfu_dtype(cfg.toggles))
+            result.peak_tflops, why = ctx.hw.peak_tflops(mfu_dtype(ctx))
         result.mfu = flops_mod.mfu(result.flops_per_step, median_s, result.peak_tflops)
         result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
     if result.losses:
@@ -265,22 +281,31 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
 
 def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:
     """Peak live tensor bytes over one extra (untimed) step, starting from weights and optimizer state."""
+    result.peak_mem_bytes = probe_step_memory(ctx, step_tracker(ctx, tracker_cls))
+    result.mem_source = "live tensor bytes over one extra step (CPU has no allocator statistics)"
+    if ctx.compiled:
+        result.mem_source += "; compiled runs are probed eagerly"
+
+
+def step_tracker(ctx: BuildContext, tracker_cls=memory.LiveTensorBytes, devices=("cpu",)):
+    """A live-tensor counter that starts from the run's weights, buffers and optimizer state."""
     baseline = [*ctx.base_model.parameters(), *ctx.base_model.buffers(),
                 *memory.optimizer_state_tensors(ctx.optimizer)]
-    tracker = tracker_cls(baseline)
-    compiled = "compile" in ctx.config.toggles
+    return tracker_cls(baseline, devices=devices)
+
+
+def probe_step_memory(ctx: BuildContext, tracker) -> int:
+    """The most live tensor bytes during one more step of `ctx`, counted by `tracker` (step_tracker); the
+    planner runs this same count over fake tensors."""
     # a dispatch mode cannot see inside compiled kernels, and dynamo would mark the model's code as
-    # "skip" for the rest of the process: probe the eager model instead, and say so
-    model, ctx.model = ctx.model, (ctx.base_model if compiled else ctx.model)
+    # "skip" for the rest of the process: probe the eager model instead
+    model, ctx.model = ctx.model, (ctx.base_model if ctx.compiled else ctx.model)
     try:
         with tracker:
             train_step(ctx, next(ctx.batches))
     finally:
         ctx.model = model
-    result.peak_mem_bytes = tracker.peak_bytes
-    result.mem_source = "live tensor bytes over one extra step (CPU has no allocator statistics)"
-    if compiled:
-        result.mem_source += "; compiled runs are probed eagerly"
+    return tracker.peak_bytes
 
 
 def _memory_breakdown(ctx: BuildContext, result: RunResult, grads_bytes: int | None) -> None:

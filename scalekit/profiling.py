@@ -96,8 +96,6 @@ def _ancestors(event) -> list[str]:
 def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trace_path: str | Path | None = None,
                   hw=None) -> StepProfile:
     """Build `config` fresh, run `warmup_steps`, then profile `steps` whole training steps."""
-    import pandas as pd
-
     hw = hw or detect(config.device)
     cfg = config.resolve(hw)
     cfg.check_available(hw)
@@ -122,6 +120,18 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
         trace_path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_path))
 
+    ops, step_us = op_table(prof, steps, on_gpu)
+    return StepProfile(label=cfg.label, steps=steps, device_type=hw.device_type,
+                       time_source="device (kernel) time" if on_gpu else "CPU time", ops=ops,
+                       step_ms=wall_s / steps * 1e3, host_step_ms=sum(step_us) / len(step_us) / 1e3,
+                       trace_path=trace_path,
+                       events=prof.key_averages())
+
+
+def op_table(prof, steps: int, on_gpu: bool):
+    """Per-op rows (calls, self and total ms per step, share, category) from a profile, and each step's host us."""
+    import pandas as pd
+
     self_attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     rows: dict[str, dict] = {}
     step_us = []
@@ -142,11 +152,7 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
     ops = ops[ops["self_ms"] > 0].sort_values("self_ms", ascending=False).reset_index(drop=True)
     ops["share"] = ops["self_ms"] / ops["self_ms"].sum()
     ops = ops[["op", "calls", "self_ms", "total_ms", "share", "category"]]
-    return StepProfile(label=cfg.label, steps=steps, device_type=hw.device_type,
-                       time_source="device (kernel) time" if on_gpu else "CPU time", ops=ops,
-                       step_ms=wall_s / steps * 1e3, host_step_ms=sum(step_us) / len(step_us) / 1e3,
-                       trace_path=trace_path,
-                       events=prof.key_averages())
+    return ops, step_us
 
 
 def compiled_kernels(fn, *args, **kwargs) -> tuple[Any, list[str]]:

@@ -52,3 +52,83 @@ def regression_batch(batch_size: int, device: torch.device):
 def mse_loss(model, batch):
     x, y = batch
     return torch.nn.functional.mse_loss(model(x), y)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.heads = heads
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (lin(x).view(B, T, self.heads, C // self.heads).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.drop(self.o(y.transpose(1, 2).reshape(B, T, C)))
+
+
+class _NanoBlock(torch.nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attn = _Attention(d, heads)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d),
+                                       torch.nn.Dropout(0.1))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoStyleGPT(torch.nn.Module):
+    """A user's GPT in nanoGPT's layout (transformer.wte/wpe/drop/h/ln_f, tied lm_head; q, k, v apart, dropout)."""
+
+    def __init__(self, vocab: int = 65, d: int = 128, heads: int = 4, layers: int = 4, block: int = 64):
+        super().__init__()
+        self.transformer = torch.nn.ModuleDict(dict(
+            wte=torch.nn.Embedding(vocab, d), wpe=torch.nn.Embedding(block, d), drop=torch.nn.Dropout(0.1),
+            h=torch.nn.ModuleList([_NanoBlock(d, heads) for _ in range(layers)]), ln_f=torch.nn.LayerNorm(d)))
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets):
+        t = self.transformer
+        x = t.drop(t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device)))
+        for block in t.h:
+            x = block(x)
+        logits = self.lm_head(t.ln_f(x))
+        return logits, torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def token_batch(batch_size: int, device: torch.device):
+    xy = torch.randint(0, 65, (batch_size, 65), device=device)
+    return xy[:, :-1], xy[:, 1:]
+
+
+def nano_loss(model, batch):
+    return model(*batch)[1]
+
+
+class ConvNet(torch.nn.Module):
+    """Not a transformer: a stem, conv blocks (conv, batch norm, GELU) in an nn.Sequential, a linear head."""
+
+    def __init__(self, width: int = 32, blocks: int = 4):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.stages = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(width, width, 3, padding=1),
+                                                                torch.nn.BatchNorm2d(width), torch.nn.GELU())
+                                            for _ in range(blocks)])
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.head(self.stages(self.stem(x)).mean((2, 3)))
+
+
+def image_batch(batch_size: int, device: torch.device):
+    return torch.randn(batch_size, 3, 32, 32, device=device), torch.randint(0, 10, (batch_size,), device=device)
+
+
+def classify_loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)

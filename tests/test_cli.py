@@ -17,7 +17,7 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
                  "--toggle", "fused_adamw", "--json", str(out)])
     assert code == 0
     printed = capsys.readouterr()
-    assert "fused_adamw + bf16" in printed.out and "tokens/s" in printed.out
+    assert "bf16 + fused_adamw" in printed.out and "tokens/s" in printed.out
     assert "measuring 4 steps" in printed.err  # progress is visible
     data = json.loads(out.read_text())
     assert data["config"]["toggles"] == {"fused_adamw": True, "bf16": True}

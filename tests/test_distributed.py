@@ -12,9 +12,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import scalekit
+from scalekit import distributed
+from scalekit.distributed import DistributedRunResult
 from scalekit.engine import build, train_step
-from scalekit.launch import DistributedRunResult, launch, launch_run
-from scalekit.launch import ranks as distributed
+from scalekit.launch import launch, launch_run
+from scalekit.toggles import needs_process_group
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
@@ -28,7 +30,7 @@ def train(cfg, grad_accum_steps: int = 1, count_allreduces: bool = False, no_syn
     cfg = cfg.resolve(CPU)
     calls = []
     with contextlib.ExitStack() as stack:
-        group = distributed.setup(cfg, CPU, stack)
+        group = distributed.setup(CPU, stack, cfg.batch_size) if needs_process_group(cfg.toggles) else None
         ctx = build(cfg, CPU, stack)
         ctx.grad_accum_steps = grad_accum_steps  # what the grad_accum toggle sets
         if not no_sync:

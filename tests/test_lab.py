@@ -96,7 +96,7 @@ def test_unavailable_toggle_is_disabled_and_says_why(cpu):
     lab = Lab(preset="tiny", device="cpu", hw=no_tf32_no_bf16)
     for toggle in ORDER:  # disabled exactly when the toggle says it is unavailable, with its reason beside
         # the Lab launches the ranks a toggle like ddp needs: it asks such toggles as a rank would be asked
-        ask = toggle.available_in_ranks if getattr(toggle, "needs_process_group", False) else toggle.available
+        ask = toggle.available_in_ranks if toggle.needs_process_group else toggle.available
         ok, why = ask(no_tf32_no_bf16)
         control = next(c for c in lab.controls.values() if toggle.name in c.names)
         if len(control.names) == 1:

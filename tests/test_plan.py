@@ -7,7 +7,19 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scalekit import ConfigError, RunConfig, estimate, run
-from tests.helpers import Regressor, mse_loss, regression_batch
+from scalekit.plan import MODELLED, NOTES, SPREAD
+from scalekit.toggles import TOGGLES
+from tests.helpers import (
+    ConvNet,
+    NanoStyleGPT,
+    Regressor,
+    classify_loss,
+    image_batch,
+    mse_loss,
+    nano_loss,
+    regression_batch,
+    token_batch,
+)
 from tests.test_memory_toggles import built
 
 SMALL = dict(preset="small", batch_size=8)
@@ -70,12 +82,93 @@ def test_recomputed_flops_are_counted_by_torch():
 
 
 def test_estimate_says_what_it_cannot_plan():
-    with pytest.raises(ConfigError, match="built-in GPT"):
-        estimate(RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss))
+    def reads_a_value(model, batch):  # Python control flow on a tensor's value: fake tensors have none
+        loss = mse_loss(model, batch)
+        return loss * 2 if loss.item() > 0 else loss
+
+    with pytest.raises(ConfigError, match="could not trace one training step of your model.*measured breakdown"):
+        estimate(RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=reads_a_value, device="cpu"))
     with pytest.raises(ConfigError, match="must divide batch_size"):
         estimate(RunConfig(preset="tiny", batch_size=8, toggles={"grad_accum": 3}))
     with pytest.raises(ConfigError, match="'cpu' or 'cuda'"):
         estimate(RunConfig(preset="tiny"), device="tpu")
+
+
+USER_MODELS = {  # name: (model, batch_fn, loss_fn, batch_size)
+    "nanogpt-style": (NanoStyleGPT, token_batch, nano_loss, 16),
+    "mlp": (Regressor, regression_batch, mse_loss, 64),
+    "convnet": (ConvNet, image_batch, classify_loss, 16),
+}
+USER_TOGGLES = {"baseline": {}, "bf16": {"bf16": True}, "checkpointing": {"checkpointing": True},
+                "grad_accum": {"grad_accum": 4}, "adamw_8bit": {"optim": "adamw_bnb_8bit"},
+                "together": {"bf16": True, "checkpointing": 1, "grad_accum": 2}}
+
+
+@pytest.mark.parametrize("toggles", list(USER_TOGGLES.values()), ids=list(USER_TOGGLES))
+@pytest.mark.parametrize("name", list(USER_MODELS))
+def test_planned_peak_of_a_users_model_is_within_15_percent_of_measured_on_cpu(name, toggles):
+    model, batch_fn, loss_fn, batch = USER_MODELS[name]
+    cfg = RunConfig(model=model, batch_fn=batch_fn, loss_fn=loss_fn, batch_size=batch, toggles=toggles,
+                    steps=1, warmup_steps=0, device="cpu")
+    planned = estimate(cfg)
+    result = run(cfg)
+    error = (planned.peak_bytes - result.peak_mem_bytes) / result.peak_mem_bytes
+    assert abs(error) < 0.15, f"planned {planned.peak_bytes:,} vs measured {result.peak_mem_bytes:,}: {error:+.1%}"
+    assert (planned.params_bytes, planned.grads_bytes, planned.optimizer_state_bytes) == \
+        (result.params_bytes, result.grads_bytes, result.optimizer_state_bytes)
+    assert planned.method.startswith("traced")
+
+
+def test_a_users_model_is_planned_without_allocating_its_weights():
+    import psutil
+
+    class Wide(torch.nn.Module):  # 4 GiB of fp32 weights if they were real
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(16384, 16384) for _ in range(4)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    rss = psutil.Process().memory_info().rss
+    plan = estimate(RunConfig(model=Wide, batch_fn=lambda b, d: torch.randn(b, 16384, device=d),
+                              loss_fn=lambda m, x: m(x).square().mean(), batch_size=2, device="cpu"))
+    assert plan.params_bytes == 4 * (16384 * 16384 + 16384) * 4
+    assert plan.optimizer_state_bytes >= 2 * plan.params_bytes
+    assert psutil.Process().memory_info().rss - rss < 2**30  # nothing like 4 GiB (+ 12 GiB of state) allocated
+
+
+def test_every_toggle_is_planned_or_named_in_a_note():
+    for name in TOGGLES:
+        assert name in MODELLED or name in NOTES or name in SPREAD, f"the planner says nothing about {name!r}"
+    for name, text in NOTES.items():
+        plan = estimate(RunConfig(preset="tiny", toggles=[name] if TOGGLES[name].choices is None else {name: True}),
+                        device="cuda")
+        assert text in plan.notes
+
+
+@pytest.mark.parametrize("user_model", [False, True], ids=["gpt", "user model"])
+def test_runs_spread_over_ranks_are_planned_per_rank(user_model):
+    cfg = dict(model=NanoStyleGPT, batch_fn=token_batch, loss_fn=nano_loss) if user_model else dict(preset="small")
+    one = estimate(RunConfig(batch_size=16, **cfg), device="cuda")
+    half = estimate(RunConfig(batch_size=8, **cfg), device="cuda")  # one rank's slice, as one process
+    ddp = estimate(RunConfig(batch_size=16, toggles=["ddp"], **cfg), device="cuda", world_size=2)
+    assert ddp.world_size == 2 and ddp.params_bytes == one.params_bytes
+    assert ddp.peak_bytes == half.peak_bytes + half.grads_bytes  # plus DDP's gradient buckets
+    fsdp = estimate(RunConfig(batch_size=16, toggles=["fsdp"], **cfg), device="cuda", world_size=4)
+    quarter = estimate(RunConfig(batch_size=4, **cfg), device="cuda")
+    assert fsdp.params_bytes == -(-quarter.params_bytes // 4) and fsdp.grads_bytes == -(-quarter.grads_bytes // 4)
+    assert fsdp.peak_bytes < quarter.peak_bytes and any("fsdp: 1/4" in n for n in fsdp.notes)
+    offload = estimate(RunConfig(batch_size=16, toggles=["fsdp", "cpu_offload"], **cfg), device="cuda",
+                       world_size=4)
+    assert offload.params_bytes == 0 and offload.host_bytes > 0 and offload.peak_bytes < fsdp.peak_bytes
+    zero1 = estimate(RunConfig(batch_size=16, toggles={"deepspeed": "zero1"}, **cfg), device="cuda", world_size=2)
+    assert zero1.params_bytes == half.params_bytes and zero1.optimizer_state_bytes == \
+        -(-half.optimizer_state_bytes // 2)
+    with pytest.raises(ConfigError, match="divisible by the number of ranks"):
+        estimate(RunConfig(batch_size=6, toggles=["ddp"], **cfg), device="cuda", world_size=4)
 
 
 def test_a_gpu_run_can_be_planned_on_a_laptop():

@@ -18,10 +18,9 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 from .commands import torchrun_command  # noqa: E402
 from .guards import ForkUnsafeError, check_fork_safe, fork_problems  # noqa: E402
 from .launcher import LaunchError, launch, launch_run, launch_script  # noqa: E402
-from .ranks import DistributedRunResult, needs_process_group  # noqa: E402
 
 __all__ = ["launch", "launch_run", "launch_script", "LaunchError", "ForkUnsafeError", "check_fork_safe",
-           "fork_problems", "torchrun_command", "DistributedRunResult", "needs_process_group"]
+           "fork_problems", "torchrun_command"]
 
 
 class _CallableModule(sys.modules[__name__].__class__):

@@ -17,6 +17,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def storage_key(storage: torch.UntypedStorage) -> int:
+    """One number per storage while it is alive: its C++ object's address.  (Not its data pointer: every
+    fake tensor's is 0, and the planner counts fake tensors the same way.)"""
+    return storage._cdata
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes held by the distinct storages behind `tensors` (shared/tied storages counted once)."""
     seen: dict[int, int] = {}
@@ -24,7 +30,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2) holds its shard in a local tensor
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
+            seen[storage_key(s)] = s.nbytes()
     return sum(seen.values())
 
 
@@ -58,8 +64,9 @@ class GradBytesAtStep:
 class LiveTensorBytes(TorchDispatchMode):
     """Tracks live tensor-storage bytes while active; `peak_bytes` includes the baseline passed in."""
 
-    def __init__(self, baseline: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, baseline: Iterable[torch.Tensor] = (), devices: tuple[str, ...] = ("cpu",)) -> None:
         super().__init__()
+        self.devices = devices  # device types whose tensors are counted (the planner counts fake CUDA ones too)
         self._live: dict[int, int] = {}
         self.baseline_bytes = 0
         for t in baseline:
@@ -68,7 +75,7 @@ class LiveTensorBytes(TorchDispatchMode):
         self.peak_bytes = self.current_bytes
 
     def _track(self, storage: torch.UntypedStorage, baseline: bool = False) -> None:
-        key = storage.data_ptr()
+        key = storage_key(storage)
         if key in self._live or storage.nbytes() == 0:
             return
         n = storage.nbytes()
@@ -88,7 +95,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            if isinstance(t, torch.Tensor) and t.device.type in self.devices:
                 self._track(t.untyped_storage())
         return out
 

@@ -20,16 +20,19 @@ from . import (
     sdpa,
     tf32,
 )
-from .base import PHASES, BuildContext, Toggle
+from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
 
-# Application order (after torchtitan): process-wide flags first; then the data pipeline; then changes to
-# the model's architecture, made before it is built; then module swaps on the built model (optim's
+# Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
+# precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
+# model's architecture, made before it is built; then module swaps on the built model (optim's
 # StableEmbedding) and wrappers, innermost first (activation checkpointing, then compile, then DDP/FSDP, so
-# the wrapper that shards sees compiled blocks); then the
-# optimizer, which must see the final parameters; last the per-step contexts (autocast, loss scaling),
-# entered around every step.
+# the wrapper that shards sees compiled blocks; cpu_offload is a policy fsdp reads, so it comes just before
+# it); then the optimizer, which must see the final parameters; last the per-step behaviour (accumulation,
+# hooks after each step, and DeepSpeed, which takes over the model and optimizer built above).
 ORDER: tuple[Toggle, ...] = (
     tf32.TOGGLE,
+    bf16.TOGGLE,
+    fp16.TOGGLE,
     drop_last.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
@@ -37,14 +40,12 @@ ORDER: tuple[Toggle, ...] = (
     checkpointing.TOGGLE,
     compile.TOGGLE,
     ddp.TOGGLE,
+    cpu_offload.TOGGLE,
     fsdp.TOGGLE,
-    cpu_offload.TOGGLE,  # a policy fsdp reads when it shards: listed after it, applied with it
     fused_adamw.TOGGLE,
-    bf16.TOGGLE,
-    fp16.TOGGLE,
     grad_accum.TOGGLE,
     empty_cache_steps.TOGGLE,
-    deepspeed.TOGGLE,  # wraps the model and optimizer built above, once accumulation is known
+    deepspeed.TOGGLE,
 )
 TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}
 
@@ -65,12 +66,18 @@ REQUIRES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def apply_toggles(ctx: BuildContext, phase: str, toggles: dict) -> None:
-    """Apply the chosen `toggles` that act at `phase`, in ORDER."""
+def apply_toggles(ctx: BuildContext, phase: str, toggles: dict, loop: str = "train") -> None:
+    """Apply the chosen `toggles` that act at `phase` in `loop`, in ORDER."""
     assert phase in PHASES, phase
     for toggle in ORDER:
-        if toggle.phase == phase and toggle.name in toggles:
+        if toggle.phase == phase and toggle.name in toggles and loop in toggle.loops:
             toggle.apply(ctx, toggles[toggle.name])
 
 
-__all__ = ["ORDER", "TOGGLES", "EXCLUSIVE", "REQUIRES", "apply_toggles", "Toggle", "BuildContext", "PHASES"]
+def needs_process_group(toggles) -> bool:
+    """Whether any of `toggles` (names) needs the run to join a process group before it is built."""
+    return any(TOGGLES[name].needs_process_group for name in toggles)
+
+
+__all__ = ["ORDER", "TOGGLES", "EXCLUSIVE", "REQUIRES", "apply_toggles", "needs_process_group", "Toggle",
+           "BuildContext", "OptimizerStep", "PHASES", "LOOPS"]

@@ -1,13 +1,20 @@
-"""The Toggle interface and the build context toggles act on.
+"""The Toggle interface, the phases a run is built in, and the build context toggles act on.
 
 A toggle acts once, at its phase, on a freshly built run: "off" means building again without it, never
-undoing it (torch.compile and FSDP cannot be undone).  The order in which phases run, and toggles within
-a phase, is fixed in one place: `scalekit.toggles.apply_toggles`.
+undoing it (torch.compile and FSDP cannot be undone).  Phases run in the order of `PHASES` (the engine
+walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.
+
+Toggles never test each other's names: they meet in the fields of `BuildContext`, each declared below
+with what it means.  The context has slots, so setting a field it does not declare is an error.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
+import textwrap
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,30 +23,78 @@ import torch
 
 from ..errors import ConfigError
 
-# Phases, in the order the engine runs them (see scalekit.toggles.apply_toggles for why).
-PHASES = ("process", "data", "model_config", "wrap", "optimizer", "step")
+# The phases of a build, in the order the engine runs them.  After the toggles of a phase, the engine
+# builds what that phase is for (engine.BUILDERS): after "data" the batches, after "model_config" the
+# model, after "optimizer" the optimizer and its stepper.
+PHASES = (
+    "process",  # process-wide flags (TF32), undone through the run's exit stack
+    "precision",  # the dtypes the run computes in: read by the wrappers of the "wrap" phase
+    "data",  # the input pipeline's options
+    "model_config",  # changes to the built-in GPT's architecture, made before it is built
+    "wrap",  # module swaps and wrappers on the built model, innermost first
+    "optimizer",  # the optimizer's choice and options, before it is built over the final parameters
+    "step",  # per-step behaviour: accumulation, hooks after each step, engines that own the step
+)
 KINDS = ("runtime", "memory", "both")
+LOOPS = ("train", "generate")  # the loops a toggle can apply to
 
 
-@dataclass
+class OptimizerStep:
+    """The backward/step interface the training step calls: plain backward and optimizer.step(), or, with
+    a GradScaler (fp16), the scaled loss's backward and the scaler's step and update."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, grad_scaler: Any = None):
+        self.optimizer = optimizer
+        self.grad_scaler = grad_scaler
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        """Backward of one micro-batch's loss; `boundary` marks the last micro-batch of the step."""
+        (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
+
+    def step(self) -> None:
+        """The optimizer update, then the gradients cleared (set to None: their memory is freed)."""
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass(slots=True)
 class BuildContext:
-    """What toggles read and change while a run is being built."""
+    """What toggles read and change while a run is being built; every field is declared here."""
 
     config: Any  # the resolved RunConfig
     hw: Any  # scalekit.hardware.Hardware
-    device: torch.device
-    stack: contextlib.ExitStack  # process-wide changes register their undo here
-    gpt_config: Any = None  # GPTConfig before the model is built (None for a user's own model)
-    model: torch.nn.Module | None = None
-    loader_kwargs: dict = field(default_factory=dict)
-    optimizer_kwargs: dict = field(default_factory=dict)
-    autocast_dtype: torch.dtype | None = None
-    grad_scaler: Any = None  # torch.amp.GradScaler when fp16 is on
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
+    device: torch.device  # where the run computes (this rank's GPU, or the CPU)
+    stack: contextlib.ExitStack  # process-wide changes and wrappers register their undo/teardown here
+    world_size: int = 1  # ranks this run is spread over (1: one process)
+    # -- precision (set in the "precision" phase; read by wrappers, the step and MFU) --------------------
+    compute_dtype: torch.dtype | None = None  # autocast dtype around forward (None: fp32, no autocast)
+    wrapper_param_dtype: torch.dtype | None = None  # dtype sharding wrappers (FSDP2, DeepSpeed) compute in
+    tf32_matmuls: bool = False  # fp32 matmuls run as TF32 (for the MFU peak)
+    grad_scaler: Any = None  # torch.amp.GradScaler for fp16 loss scaling, used by the stepper
+    # -- data ------------------------------------------------------------------------------------------
+    loader_kwargs: dict = field(default_factory=dict)  # DataLoader options set by data toggles
+    batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
+    # -- model -----------------------------------------------------------------------------------------
+    gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)
+    base_model: torch.nn.Module | None = None  # the model as built, unwrapped: FLOPs, memory, checkpoints
+    model: torch.nn.Module | None = None  # what the step calls: base_model under its wrappers
+    blocks: torch.nn.Module | None = None  # the repeated blocks (models.blocks.find_blocks), or None
+    loss_fn: Callable | None = None  # loss_fn(model, batch) -> scalar loss
+    compiled: bool = False  # the model is wrapped by torch.compile
+    offload_to_cpu: bool = False  # sharded state lives in host memory (read by fsdp when it shards)
     no_sync: Any = None  # model.no_sync-like: a context for micro-steps that must not all-reduce
-    optimizer_factory: Any = None  # params -> Optimizer; None: torch AdamW with optimizer_kwargs
+    # -- optimizer and step ----------------------------------------------------------------------------
+    optimizer_kwargs: dict = field(default_factory=dict)  # options for the default torch AdamW
+    optimizer_factory: Callable | None = None  # params -> Optimizer; None: torch AdamW with optimizer_kwargs
+    optimizer: torch.optim.Optimizer | None = None  # built over the final parameters (engine.build_optimizer)
+    stepper: Any = None  # backward(loss, boundary) and step(): OptimizerStep, or an engine that owns them
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said beside the run's results
 
 
 class Toggle:
@@ -52,8 +107,10 @@ class Toggle:
     group: str = ""  # course grouping for the Lab panel
     kind: str = "runtime"  # one of KINDS
     phase: str = ""  # one of PHASES
+    loops: tuple[str, ...] = ("train",)  # the loops it applies to (LOOPS)
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
     gpt_only: bool = False  # needs the built-in GPT (changes its architecture or data)
+    needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
 
     def available(self, hw) -> tuple[bool, str]:
         """(True, "") or (False, the reason in plain words)."""
@@ -83,8 +140,31 @@ class Toggle:
     @property
     def explainer(self) -> str:
         """The longer explanation kept beside the toggle's module as <name>.md."""
-        path = Path(__file__).with_name(f"{self.name}.md")
+        path = Path(inspect.getfile(type(self))).with_name(f"{self.name}.md")
         return path.read_text(encoding="utf-8") if path.exists() else self.summary
+
+    def code(self) -> str:
+        """The source of the code this toggle runs: its `apply` and the functions of its module it calls."""
+        return "\n\n".join(textwrap.dedent(inspect.getsource(fn)) for fn in _called_functions(type(self)))
 
     def __repr__(self) -> str:
         return f"<Toggle {self.name}: {self.summary}>"
+
+
+def _called_functions(cls: type) -> list:
+    """cls.apply, then every function (or class) of cls's module that it calls, directly or through them."""
+    module = inspect.getmodule(cls)
+    seen: list = []
+    todo = [cls.apply]
+    while todo:
+        fn = todo.pop(0)
+        if fn in seen:
+            continue
+        seen.append(fn)
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
+            called = node.func if isinstance(node, ast.Call) else None
+            target = getattr(module, called.id, None) if isinstance(called, ast.Name) else None
+            if target is not None and inspect.getmodule(target) is module and \
+                    (inspect.isfunction(target) or inspect.isclass(target)):
+                todo.append(target)
+    return seen

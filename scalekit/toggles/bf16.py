@@ -13,7 +13,7 @@ class BF16(Toggle):
     cost = "8-bit mantissa in autocast regions; losses drift slightly from fp32"
     helps_when = "the GPU has bf16 tensor cores (Ampere+); on CPUs with AVX512-BF16/AMX and larger models"
     group = "precision"
-    phase = "step"
+    phase = "precision"
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.bf16_supported:
@@ -21,7 +21,9 @@ class BF16(Toggle):
         return False, f"{hw.device_name} (compute capability {hw.capability}) has no bf16 support; use fp16"
 
     def apply(self, ctx: BuildContext, value) -> None:
-        ctx.autocast_dtype = torch.bfloat16
+        ctx.compute_dtype = torch.bfloat16
+        # sharding wrappers (FSDP2, DeepSpeed) gather and compute with bf16 copies of the fp32 weights
+        ctx.wrapper_param_dtype = torch.bfloat16
 
 
 TOGGLE = BF16()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from ..errors import ConfigError, ToggleUnavailable
@@ -13,17 +12,6 @@ from .base import BuildContext
 from .counted import CountToggle, as_count
 
 SEQUENTIAL = "sequential"
-
-
-def find_blocks(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The repeated blocks: the built-in GPT's `transformer.h`, else the ModuleList/Sequential holding most weights."""
-    blocks = getattr(getattr(model, "transformer", None), "h", None)
-    if isinstance(blocks, torch.nn.ModuleList):
-        return blocks
-    containers = [m for m in model.modules() if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m)]
-    if not containers:
-        return None
-    return max(containers, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 def checkpointed(forward):
@@ -87,7 +75,7 @@ class Checkpointing(CountToggle):
                           f"got {value!r}")
 
     def apply(self, ctx: BuildContext, value: int | str) -> None:
-        blocks = find_blocks(ctx.base_model)
+        blocks = ctx.blocks  # found once for the run by scalekit.models.blocks.find_blocks
         if blocks is None:
             raise ToggleUnavailable("checkpointing needs repeated blocks: your model has no nn.ModuleList or "
                                     "nn.Sequential to checkpoint")

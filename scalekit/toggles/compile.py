@@ -36,6 +36,7 @@ class Compile(Toggle):
         # otherwise count against dynamo's recompile limit (past it, dynamo silently runs eagerly)
         torch._dynamo.reset()
         ctx.model = torch.compile(ctx.model, mode=value)
+        ctx.compiled = True
 
 
 TOGGLE = Compile()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..launch.ranks import available_with_ranks, distributed_available
+from ..distributed import available_with_ranks, distributed_available
 from .base import BuildContext, Toggle
 
 
@@ -23,7 +23,8 @@ class CPUOffload(Toggle):
         return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
-        # the fsdp toggle applies the policy when it shards (config.REQUIRES makes sure it is on)
+        # a policy: the fsdp toggle, applied after this one, reads it when it shards (REQUIRES keeps fsdp on)
+        ctx.offload_to_cpu = True
         where = "already in host memory: on a CPU-only run this exercises the code path, it saves nothing" \
             if ctx.device.type == "cpu" else "in pinned host memory"
         ctx.notes.append(f"cpu_offload: sharded weights, gradients and optimizer state {where}")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..launch.ranks import release_model, world_size
+import torch
+
+from ..distributed import release_model
 from .base import BuildContext, Toggle
 
 MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")
 
 
 def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
-    """DeepSpeed's config for a ZeRO mode; accumulation is scalekit's (see EngineSteps), so DeepSpeed's is 1."""
+    """DeepSpeed's config for a ZeRO mode; accumulation is scalekit's (see DeepSpeedStep), so DeepSpeed's is 1."""
     stage = int(mode[4])
     zero: dict = {"stage": stage}
     if mode.endswith("-offload"):
@@ -24,36 +26,22 @@ def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
             "steps_per_print": 2**31 - 1}
 
 
-class EngineSteps:
-    """Stands where train_step expects a GradScaler, so backward and step go through the DeepSpeed engine.
+class DeepSpeedStep:
+    """The run's stepper when DeepSpeed owns the step: backward and step go through its engine.
 
-    train_step calls scale(loss).backward() once per micro-batch (the loss already divided by their
-    number) and step(optimizer) once: the last micro-batch is DeepSpeed's accumulation boundary.
+    The training step calls backward once per micro-batch (the loss already divided by their number) and
+    step once; the last micro-batch is DeepSpeed's accumulation boundary, so it reduces gradients there.
     """
 
-    def __init__(self, engine, ctx: BuildContext):
-        self.engine, self.ctx, self.micro = engine, ctx, 0
+    def __init__(self, engine):
+        self.engine = engine
 
-    def scale(self, loss):
-        return _Backward(self, loss)
+    def backward(self, loss, boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss)
 
-    def step(self, optimizer) -> None:
-        self.engine.step()
-        self.micro = 0
-
-    def update(self) -> None:
-        pass
-
-
-class _Backward:
-    def __init__(self, steps: EngineSteps, loss):
-        self.steps, self.loss = steps, loss
-
-    def backward(self) -> None:
-        s = self.steps
-        s.engine.set_gradient_accumulation_boundary(s.micro == s.ctx.grad_accum_steps - 1)
-        s.engine.backward(self.loss)
-        s.micro += 1
+    def step(self) -> None:
+        self.engine.step()  # the update and clearing the gradients, both DeepSpeed's
 
 
 class DeepSpeed(Toggle):
@@ -77,12 +65,12 @@ class DeepSpeed(Toggle):
     def apply(self, ctx: BuildContext, value: str) -> None:
         import deepspeed
 
-        micro = ctx.config.batch_size // world_size() // ctx.grad_accum_steps
-        config = ds_config(value, micro, world_size(), "bf16" in ctx.config.toggles)
+        micro = ctx.config.batch_size // ctx.world_size // ctx.grad_accum_steps
+        config = ds_config(value, micro, ctx.world_size, bf16=ctx.wrapper_param_dtype == torch.bfloat16)
         # the client optimizer stays ctx.optimizer: ZeRO rewrites its param groups into its partitions
         engine, _, _, _ = deepspeed.initialize(model=ctx.model, optimizer=ctx.optimizer, config=config)
         ctx.model = engine
-        ctx.grad_scaler = EngineSteps(engine, ctx)
+        ctx.stepper = DeepSpeedStep(engine)
         ctx.stack.callback(release_model, ctx)
         ctx.stack.callback(engine.destroy)  # LIFO: DeepSpeed's own teardown, then the references
         ctx.notes.append(f"deepspeed: ZeRO stage {value[4]}{' with CPU offload' if 'offload' in value else ''}")

@@ -13,10 +13,11 @@ class FP16(Toggle):
     cost = "narrow range: gradients need scaling, and a skipped step when they overflow"
     helps_when = "the GPU has fp16 but no bf16 tensor cores (V100, T4)"
     group = "precision"
-    phase = "step"
+    phase = "precision"
 
     def apply(self, ctx: BuildContext, value) -> None:
-        ctx.autocast_dtype = torch.float16
+        ctx.compute_dtype = torch.float16
+        # the engine's stepper scales each loss before backward and unscales the gradients before the step
         ctx.grad_scaler = torch.amp.GradScaler(ctx.device.type)
 
 

@@ -8,26 +8,18 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from ..launch.ranks import available_with_ranks, distributed_available, release_model, world_size
+from ..distributed import available_with_ranks, distributed_available, release_model
 from .base import BuildContext, Toggle
 
 
-def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules to shard one by one: the built-in GPT's blocks, else every ModuleList's members."""
-    blocks = getattr(getattr(model, "transformer", None), "h", None)
-    if isinstance(blocks, torch.nn.ModuleList):
-        return list(blocks)
-    return [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
-
-
 def fsdp_kwargs(ctx: BuildContext) -> dict:
-    """fully_shard's options for this run: the mesh, bf16 mixed precision, CPU offload."""
-    toggles = ctx.config.toggles
-    kwargs: dict = {"mesh": init_device_mesh(ctx.device.type, (world_size(),))}
-    if "bf16" in toggles:
-        # compute in bf16, reduce gradients in fp32: the sharded fp32 weights stay the master copy
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if "cpu_offload" in toggles:
+    """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
+    kwargs: dict = {"mesh": init_device_mesh(ctx.device.type, (ctx.world_size,))}
+    if ctx.wrapper_param_dtype is not None:
+        # compute in the precision toggle's dtype, reduce gradients in fp32: the sharded fp32 weights stay
+        # the master copy
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=ctx.wrapper_param_dtype, reduce_dtype=torch.float32)
+    if ctx.offload_to_cpu:
         # pinned host memory speeds the copies to a GPU; a CPU-only run has no device to pin for
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
     return kwargs
@@ -51,7 +43,7 @@ class FSDP(Toggle):
 
     def apply(self, ctx: BuildContext, value) -> None:
         kwargs = fsdp_kwargs(ctx)
-        units = shard_units(ctx.base_model)
+        units = [] if ctx.blocks is None else list(ctx.blocks)  # the run's blocks, one rule for every toggle
         # fully_shard changes the modules in place, so a compiled wrapper around them shards too
         for unit in units:
             fully_shard(unit, **kwargs)
@@ -62,7 +54,7 @@ class FSDP(Toggle):
             ctx.stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         ctx.stack.callback(release_model, ctx)
-        ctx.notes.append(f"fsdp: {len(units)} blocks + root sharded over {world_size()} ranks")
+        ctx.notes.append(f"fsdp: {len(units)} blocks + root sharded over {ctx.world_size} ranks")
 
 
 TOGGLE = FSDP()

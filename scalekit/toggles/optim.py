@@ -15,6 +15,7 @@ from functools import partial
 import torch
 
 from ..errors import ToggleUnavailable
+from ..measure.memory import storage_bytes
 from .base import BuildContext, Toggle
 
 # name -> (library, what it keeps per parameter)
@@ -70,8 +71,6 @@ def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
 
 def state_bytes_by_kind(optimizer: torch.optim.Optimizer) -> dict[str, dict[str, int]]:
     """{'quantized' | 'full precision': {'params': n, 'state_bytes': b}}: which tensors keep uint8 state."""
-    from ..measure.memory import storage_bytes
-
     params: dict[str, int] = {}
     tensors: dict[str, list[torch.Tensor]] = {}
     for p, state in optimizer.state.items():

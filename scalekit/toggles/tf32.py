@@ -30,6 +30,7 @@ class TF32(Toggle):
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
         ctx.stack.callback(restore)
+        ctx.tf32_matmuls = True  # MFU is then read against the device's TF32 peak
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 

@@ -28,10 +28,9 @@ from ..config import RunConfig
 from ..engine import plain_error, run
 from ..errors import ConfigError
 from ..hardware import detect
-from ..launch.ranks import needs_process_group
 from ..measure.results import RunResult, StepRecord
 from ..plots import memory_breakdown_figure
-from ..toggles import TOGGLES
+from ..toggles import TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
@@ -83,7 +82,13 @@ class Lab:
         self._status_since = time.perf_counter()
         self._steps_seen = 0
         self._steps_total = 0
+        self._make_controls(steps)
+        self._make_views()
+        self._connect()
+        self.widget = self._layout()
 
+    def _make_controls(self, steps: int) -> None:
+        """The toggle panel, Run/Stop, the run's sizes and the save buttons."""
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
         self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True)
         self.controls = self.panel.controls
@@ -101,6 +106,9 @@ class Lab:
         self.json_button = w.Button(description="Save JSON", icon="download")
         self.run_button.add_class("scalekit-run")
         self.stop_button.add_class("scalekit-stop")
+
+    def _make_views(self) -> None:
+        """Progress, messages, the live plots, the results table and the memory bars."""
         self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="240px"))
         self.status = w.HTML("ready")
         self.message = w.HTML("")  # failures and notes, in plain words
@@ -118,6 +126,7 @@ class Lab:
                                                       margin=dict(l=60, r=10, t=40, b=40)))
         self.memory_bar.add_class("scalekit-memory-breakdown")
 
+    def _connect(self) -> None:
         self.run_button.on_click(self._guard(lambda _: self.start()))
         self.stop_button.on_click(self._guard(lambda _: self.stop()))
         self.csv_button.on_click(self._guard(lambda _: self._saved(self.to_csv("scalekit-lab-results.csv"))))
@@ -125,16 +134,18 @@ class Lab:
         for control in self.controls.values():
             control.widget.observe(self._guard(lambda _: self._show_conflicts()), names="value")
 
+    def _layout(self) -> w.VBox:
         where = "your model" if self.base_config.custom_model else f"preset {self.base_config.resolve(self.hw).preset}"
         header = w.HTML(f"<b>scalekit Lab</b> — {html.escape(where)} on {html.escape(self.hw.device_name)}")
-        launchable = any(getattr(TOGGLES[name], "needs_process_group", False) and name not in c.reasons
+        launchable = any(TOGGLES[name].needs_process_group and name not in c.reasons
                          for c in self.controls.values() for name in c.names)
         buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size]
                          + ([self.processes] if launchable else []))
-        self.widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
-                              self.message, self.plots.widget(), self.table, self.memory_bar,
-                              w.HBox([self.csv_button, self.json_button]), self.log])
-        self.widget.add_class("scalekit-lab")
+        widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
+                         self.message, self.plots.widget(), self.table, self.memory_bar,
+                         w.HBox([self.csv_button, self.json_button]), self.log])
+        widget.add_class("scalekit-lab")
+        return widget
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

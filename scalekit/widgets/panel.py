@@ -79,7 +79,7 @@ def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = 
     the processes a toggle like ddp needs, so it is asked as a rank of such a launch would be."""
     if custom_model and toggle.gpt_only:
         return "changes the built-in GPT, so it does not apply to your own model"
-    needs_ranks = launches and getattr(toggle, "needs_process_group", False)
+    needs_ranks = launches and toggle.needs_process_group
     ok, why = toggle.available_in_ranks(hw) if needs_ranks else toggle.available(hw)
     return "" if ok else (why or "unavailable on this machine")
 

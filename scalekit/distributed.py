@@ -1,5 +1,6 @@
-"""The distributed side of one run: this rank, the process group, its slice of each batch, metrics across ranks.
+"""The multi-process runtime of one run: this rank, the process group, its slice of each batch, metrics across ranks.
 
+A leaf module: it imports no toggle and nothing from `scalekit.launch` (which only starts processes).
 The engine calls three things here.  `setup` joins (or creates) the process group when a toggle needs one
 (gloo on CPU, NCCL on GPU) and registers its teardown on the run's ExitStack, so that the DDP/FSDP model,
 whose release the toggles register later, is freed first (LIFO) — a DDP model still alive when the
@@ -23,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import ConfigError
-from ..measure.memory import LiveTensorBytes
-from ..measure.results import RunResult
+from .errors import ConfigError
+from .measure.memory import LiveTensorBytes
+from .measure.results import RunResult
 
 HOW_TO_LAUNCH = ("launch ranks with scalekit.launch(fn, nprocs=2) from a notebook cell, "
                  "`scalekit bench --nproc-per-node 2 ...` or `scalekit launch --nproc-per-node 2 script.py`")
@@ -65,12 +66,6 @@ def distributed_available() -> tuple[bool, str]:
     return True, ""
 
 
-def needs_process_group(toggles) -> bool:
-    from ..toggles import TOGGLES  # here, not at import: the toggles import this module
-
-    return any(getattr(TOGGLES[name], "needs_process_group", False) for name in toggles)
-
-
 def rank_device(device: str) -> str:
     """On a GPU machine every launched rank takes the GPU of its local rank (one process per GPU)."""
     local = os.environ.get("LOCAL_RANK")
@@ -87,10 +82,9 @@ class Ranks:
     owns_group: bool  # scalekit created the group, so it destroys it at the end of the run
 
 
-def setup(cfg, hw, stack) -> Ranks | None:
-    """Join the process group a toggle needs (creating it if none is alive); None for single-process runs."""
-    if not needs_process_group(cfg.toggles):
-        return None
+def setup(hw, stack, batch_size: int) -> Ranks:
+    """Join the process group a toggle needs, creating it if none is alive (the engine calls this only for
+    runs whose toggles need one); its teardown goes on `stack`."""
     owns = False
     if not group_alive():
         backend = "nccl" if hw.device_type == "cuda" else "gloo"
@@ -101,8 +95,8 @@ def setup(cfg, hw, stack) -> Ranks | None:
         owns = True
         stack.push(_destroy_group)
     ranks = Ranks(dist.get_rank(), dist.get_world_size(), dist.get_backend(), owns)
-    if cfg.batch_size % ranks.world_size:
-        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks "
+    if batch_size % ranks.world_size:
+        raise ConfigError(f"RunConfig.batch_size ({batch_size}) must be divisible by the number of ranks "
                           f"({ranks.world_size}): each rank trains on batch_size / ranks sequences")
     return ranks
 
@@ -121,18 +115,18 @@ def _destroy_group(exc_type=None, exc=None, tb=None) -> bool:
 def release_model(ctx) -> None:
     """Drop the build's references to a DDP/FSDP/DeepSpeed model: registered by those toggles on ctx.stack,
     so it runs before the process group is destroyed."""
-    ctx.no_sync = None
+    ctx.no_sync = ctx.stepper = ctx.blocks = None
     ctx.model = ctx.base_model = ctx.optimizer = None
     gc.collect()
 
 
-def shard_batches(cfg, batches: Iterator) -> Iterator:
-    """This rank's rows of every global batch, for runs whose toggles split the batch across ranks."""
-    if not needs_process_group(cfg.toggles) or not group_alive() or dist.get_world_size() == 1:
+def shard_batches(batches: Iterator, batch_size: int) -> Iterator:
+    """This rank's rows of every global batch (for runs whose toggles split the batch across ranks)."""
+    if not group_alive() or dist.get_world_size() == 1:
         return batches
     r, w = dist.get_rank(), dist.get_world_size()
-    if cfg.batch_size % w:
-        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks ({w})")
+    if batch_size % w:
+        raise ConfigError(f"RunConfig.batch_size ({batch_size}) must be divisible by the number of ranks ({w})")
     return (_rows(batch, r, w) for batch in batches)
 
 
@@ -209,13 +203,13 @@ def _local(t):
 class LocalTensorBytes(LiveTensorBytes):
     """LiveTensorBytes that counts a DTensor by its local shard: the bytes this rank holds."""
 
-    def __init__(self, baseline=()) -> None:
-        super().__init__([_local(t) for t in baseline])
+    def __init__(self, baseline=(), devices=("cpu",)) -> None:
+        super().__init__([_local(t) for t in baseline], devices=devices)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             t = _local(t)
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            if isinstance(t, torch.Tensor) and t.device.type in self.devices:
                 self._track(t.untyped_storage())
         return out

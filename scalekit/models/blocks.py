@@ -1,0 +1,60 @@
+"""What the repeated blocks of a model are: the one rule that checkpointing, FSDP and adapter targeting share.
+
+The rule, in order:
+1. a container at a path that model libraries use for their layer stack, searched in this order:
+   `transformer.h` (scalekit's GPT, nanoGPT, Hugging Face GPT-2), `model.layers` (Llama, Mistral, Qwen),
+   `model.decoder.layers` (OPT), `gpt_neox.layers`, `encoder.layer` (BERT), then `layers`, `blocks`, `h`
+   at the top level; a wrapper's inner model (torch.compile's `_orig_mod`, DDP's `module`, peft's
+   `base_model.model`) is looked through;
+2. else the `nn.ModuleList` or `nn.Sequential` holding the most parameters (its members are the blocks);
+3. else None: the model has no repeated blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KNOWN_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers", "encoder.layer",
+               "layers", "blocks", "h")
+WRAPPER_PATHS = ("_orig_mod", "module", "base_model.model")
+CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+
+
+def _get(module: torch.nn.Module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, torch.nn.Module):
+            return None
+    return module
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The model beneath compile, DDP and peft wrappers."""
+    while True:
+        inner = next((m for p in WRAPPER_PATHS if (m := _get(model, p)) is not None), None)
+        if inner is None or inner is model:
+            return model
+        model = inner
+
+
+def _n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def find_blocks(model: torch.nn.Module) -> torch.nn.ModuleList | torch.nn.Sequential | None:
+    """The container of the model's repeated blocks, by the rule in this module's docstring."""
+    inner = _inner(model)
+    for path in KNOWN_PATHS:
+        found = _get(inner, path)
+        if isinstance(found, CONTAINERS) and len(found):
+            return found
+    containers = [m for m in inner.modules() if isinstance(m, CONTAINERS) and len(m) and _n_params(m)]
+    if not containers:
+        return None
+    return max(containers, key=_n_params)  # the first of equals: the outermost, in module order
+
+
+def block_list(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks themselves, in order ([] when the model has none)."""
+    blocks = find_blocks(model)
+    return [] if blocks is None else list(blocks)

@@ -1,0 +1,124 @@
+"""Predict a run's memory and FLOPs before running it: `scalekit.estimate(config)`.
+
+Memory of a training step has four parts (EleutherAI, "Transformer Math 101"): parameters, gradients,
+optimizer state, and activations (what forward keeps for backward, and the temporaries alive at the peak).
+Two methods, one answer shape (`Estimate`):
+- the built-in GPT is planned analytically from its shapes (`plan.gpt`: Korthikanti's per-layer
+  inventory, walked through backward block by block);
+- any other model is planned by tracing one training step on fake tensors (`plan.traced`), with the
+  same accounting the engine uses to measure a CPU run's peak.
+A run spread over ranks is planned per rank (`plan.ranks`).  Every toggle is either part of the
+prediction or named in a note saying what the plan leaves out: none is silently ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..hardware import detect, gpu_count_without_cuda_init
+from ..models.presets import PRESETS
+from ..toggles import BuildContext, apply_toggles
+from .estimate import FP32, Estimate
+from .gpt import gpt_estimate
+from .ranks import SPREAD, per_rank
+from .traced import planning_hardware, traced_estimate
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Toggles the prediction itself accounts for.
+MODELLED = ("bf16", "fp16", "sdpa", "nice_numbers", "optim", "checkpointing", "fused_adamw", "grad_accum")
+# What the plan says about the others (the distributed ones are planned per rank, see plan.ranks).
+NOTES = {
+    "tf32": "tf32 changes how matmuls round, not the size of any tensor",
+    "compile": "compile fuses ops and can keep less; this plan is for eager execution",
+    "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
+    "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
+}
+
+__all__ = ["Estimate", "estimate", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
+
+
+def estimate(config: RunConfig, device: str | None = None, world_size: int | None = None) -> Estimate:
+    """Predict params, grads, optimizer state, activations, the peak and the FLOPs of one step of `config`.
+
+    `device` ('cpu' or 'cuda') picks autocast's rules; by default the device the config would run on.
+    `world_size` is the number of ranks for ddp/fsdp/deepspeed runs (default: one per GPU here, else 2);
+    their figures are per rank.
+    """
+    device_type = _device_type(config, device)
+    cfg = config.resolve(SimpleNamespace(device_type=device_type))  # planning needs only the kind of device
+    spread = [n for n in cfg.toggles if n in SPREAD]
+    world = _world_size(world_size) if spread else 1
+    local = _one_rank(cfg, world, spread)
+    if cfg.custom_model:
+        single = traced_estimate(local, device_type, cfg.label)
+    else:
+        single = gpt_estimate(local, _gpt_config(local, device_type), device_type, cfg.label)
+    if spread:
+        # the sharding wrappers gather weights in the precision toggle's dtype
+        half = "bf16" in cfg.toggles and ("fsdp" in cfg.toggles or "deepspeed" in cfg.toggles)
+        single = per_rank(single, cfg.toggles, world, 2 if half else FP32, device_type == "cuda")
+    single.notes.extend(NOTES[n] for n in cfg.toggles if n in NOTES)
+    return single
+
+
+def _device_type(config: RunConfig, device: str | None) -> str:
+    device_type = (device or detect(config.device).device_type).split(":")[0]
+    if device_type not in ("cpu", "cuda"):
+        raise ConfigError(f"estimate: device must be 'cpu' or 'cuda', got {device!r}")
+    return device_type
+
+
+def _world_size(world_size) -> int:
+    if world_size is None:
+        return gpu_count_without_cuda_init() or 2
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"estimate: world_size must be a positive integer (ranks), got {world_size!r}")
+    return world_size
+
+
+def _one_rank(cfg: RunConfig, world: int, spread: list[str]) -> RunConfig:
+    """The config one rank runs, as a single process: its slice of the batch, no distributed toggle."""
+    k = cfg.toggles.get("grad_accum", 1)
+    if cfg.batch_size % world:
+        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks "
+                          f"({world}): each rank trains on batch_size / ranks sequences")
+    if (cfg.batch_size // world) % k:
+        what = f"batch_size / ranks ({cfg.batch_size // world})" if world > 1 else f"batch_size={cfg.batch_size}"
+        raise ConfigError(f"RunConfig.toggles['grad_accum']={k} must divide {what}")
+    toggles = {n: v for n, v in cfg.toggles.items() if n not in spread}
+    return dataclasses.replace(cfg, batch_size=cfg.batch_size // world, toggles=toggles)
+
+
+def _gpt_config(cfg: RunConfig, device_type: str):
+    """The GPT the run would build: the preset's shape with the architecture toggles applied to it."""
+    with contextlib.ExitStack() as stack:
+        hw = planning_hardware(device_type)
+        ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack,
+                           gpt_config=PRESETS[cfg.preset].gpt_config(cfg.seq_len))
+        apply_toggles(ctx, "model_config", cfg.toggles)
+    return ctx.gpt_config
+
+
+def planned_vs_measured(results) -> pd.DataFrame:
+    """One row per measured run of the built-in GPT: planned and measured peak (MiB) and the planner's error."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        if r.memory_breakdown() is None:
+            continue
+        fields = {k: v for k, v in r.config.items() if k not in ("model", "batch_fn", "loss_fn")}
+        planned = estimate(RunConfig(**fields))
+        rows.append({"run": r.label, "planned peak MiB": planned.peak_bytes / 2**20,
+                     "measured peak MiB": r.peak_mem_bytes / 2**20,
+                     "error %": 100 * (planned.peak_bytes - r.peak_mem_bytes) / r.peak_mem_bytes,
+                     "planned activations MiB": planned.activations_bytes / 2**20,
+                     "measured activations MiB": r.activations_bytes / 2**20})
+    return pd.DataFrame(rows)

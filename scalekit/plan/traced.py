@@ -1,0 +1,103 @@
+"""A plan for any model: its training step run once on fake tensors, with the engine's own memory count.
+
+Under torch's FakeTensorMode every tensor has a shape, a dtype and a device but no memory, and every op
+computes only the shapes of its outputs.  The planner builds the run exactly as `scalekit.run` would
+(the same build phases and toggles: the user's model, batches from its batch_fn, checkpointing, autocast,
+accumulation, the optimizer), takes one step so that the optimizer's state exists, then takes one more
+step under the live-tensor count the engine uses to measure a CPU run's peak.  So on a CPU the prediction
+is the measurement's own method, applied without allocating anything; the parameters, gradients and
+optimizer state come from the real parameters' shapes.
+
+What fake tensors cannot run is said, not guessed: a step whose Python code reads tensor values (`if
+loss > 0`, `.item()`) stops the trace with that error; bitsandbytes' 8-bit optimizers run their own
+kernels, so the step is traced with AdamW and their state is counted from the shapes instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .. import engine
+from ..errors import ConfigError
+from ..hardware import Hardware
+from ..measure import memory
+from ..toggles.optim import EIGHT_BIT
+from .estimate import Estimate
+from .optimizer_state import optimizer_state_bytes
+
+# toggles the trace runs as they are; the others are left out of it and accounted for by the caller
+TRACED = ("tf32", "bf16", "fp16", "drop_last", "checkpointing", "fused_adamw", "optim", "grad_accum")
+
+
+def planning_hardware(device_type: str) -> Hardware:
+    """A stand-in for the device planned for: the trace needs only its type (a GPU can be planned on a laptop)."""
+    cuda = device_type == "cuda"
+    return Hardware(device_type, 0 if cuda else None, f"planned {device_type}", (8, 0) if cuda else None,
+                    bf16_supported=True, tf32_supported=cuda, total_mem_bytes=None, cpu_count=os.cpu_count() or 1,
+                    torch_version=torch.__version__, cuda_version=torch.version.cuda)
+
+
+def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
+    """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors."""
+    notes = []
+    if device_type == "cuda" and not torch.cuda.is_available():
+        # fake CUDA tensors need a CUDA build of torch for many of their ops
+        device_type = "cpu"
+        notes.append("traced on the CPU (this torch has no CUDA): CUDA autocast keeps a few more tensors in fp32")
+    toggles = {n: v for n, v in cfg.toggles.items() if n in TRACED}
+    optim = toggles.get("optim")
+    if optim in EIGHT_BIT:
+        del toggles["optim"]  # traced with AdamW; the 8-bit state is counted from the shapes below
+    traced_cfg = dataclasses.replace(cfg, toggles=toggles)
+    with FakeTensorMode(allow_non_fake_inputs=True), contextlib.ExitStack() as stack:
+        try:
+            step = _trace(traced_cfg, planning_hardware(device_type), stack)
+        except Exception as exc:
+            raise ConfigError(f"estimate could not trace one training step of your model on fake tensors "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                              f"run it and read the measured breakdown (RunResult.memory_breakdown())") from exc
+    if optim in EIGHT_BIT:
+        embeddings = [i for i, p in enumerate(step["params"]) if id(p) in step["embedding_ids"]]
+        state = optimizer_state_bytes(optim, [tuple(p.shape) for p in step["params"]], embeddings)
+        # forward and backward as traced, with the 8-bit state in place of AdamW's; bitsandbytes' update
+        # works block by block in place, so it is taken to need nothing beyond weights, gradients and state
+        step["peak"] = max(step["backward_peak"] + state - step["state"], step["params_bytes"] + step["grads"] + state)
+        step["state"] = state
+        notes.append(f"optim={optim}: forward and backward were traced with AdamW (bitsandbytes' kernels cannot run "
+                     f"on fake tensors); its 8-bit state is counted from the parameters' shapes")
+    params, grads, state, peak = step["params_bytes"], step["grads"], step["state"], step["peak"]
+    return Estimate(label=label, params_bytes=params, grads_bytes=grads, optimizer_state_bytes=state,
+                    activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,
+                    flops_per_step=step["flops"], hardware_flops_per_step=step["flops"],
+                    n_params=sum(p.numel() for p in step["params"]), largest_block_bytes=step["block_bytes"],
+                    method="traced: one step on fake tensors, "
+                    "live tensor bytes counted as the engine measures a CPU run", notes=notes)
+
+
+def _trace(cfg, hw: Hardware, stack) -> dict:
+    """Build `cfg` under fake tensors, take one step, then count one more; the figures as numbers."""
+    ctx = engine.build(cfg, hw, stack)
+    flops = engine.flops_per_step(ctx)
+    grads = memory.GradBytesAtStep(ctx.optimizer)
+    engine.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
+    tracker = engine.step_tracker(ctx, devices=(hw.device_type,))
+    before_update = {}  # the peak of forward and backward, read as the optimizer step begins
+
+    def read_peak(*_) -> None:
+        before_update.setdefault("peak", tracker.peak_bytes)
+
+    ctx.optimizer.register_step_pre_hook(read_peak)
+    peak = engine.probe_step_memory(ctx, tracker)
+    params = list(ctx.base_model.parameters())
+    embedding_ids = {id(m.weight) for m in ctx.base_model.modules() if isinstance(m, torch.nn.Embedding)}
+    blocks = [sum(p.numel() for p in b.parameters()) for b in (ctx.blocks or [])]
+    block_bytes = max(blocks, default=sum(p.numel() for p in params)) * 4  # fp32 weights of the largest block
+    return dict(params=params, embedding_ids=embedding_ids, block_bytes=block_bytes,
+                backward_peak=before_update.get("peak", peak), peak=peak, grads=grads.grads_bytes or 0, flops=flops,
+                params_bytes=memory.storage_bytes([*params, *ctx.base_model.buffers()]),
+                state=memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer)))
