@@ -61,7 +61,9 @@ def parser() -> argparse.ArgumentParser:
                       help="as for bench")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
-    sub.add_parser("toggles", help="list every toggle with its summary and cost")
+    tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
+    tog.add_argument("name", nargs="?", default=None, metavar="NAME",
+                     help=f"one toggle: its explainer and the code it runs ({', '.join(TOGGLES)})")
     return p
 
 
@@ -145,10 +147,24 @@ def cmd_doctor(args, stop) -> int:
 def cmd_toggles(args, stop) -> int:
     from .toggles import ORDER
 
+    if args.name is not None:
+        if args.name not in TOGGLES:
+            raise ConfigError(f"toggles: unknown toggle {args.name!r}; allowed: {', '.join(TOGGLES)}")
+        print(toggle_page(TOGGLES[args.name]))
+        return 0
     for t in ORDER:
         modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
         print(f"{t.name:13} {t.summary}{modes}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
     return 0
+
+
+def toggle_page(t) -> str:
+    """What `scalekit toggles NAME` prints: the one-liners, the explainer, and the code the toggle runs."""
+    modes = f"modes: {', '.join(map(str, t.choices))} (first is the default)\n" if t.choices else ""
+    rule = "-" * 78
+    return (f"{t.name}: {t.summary}\ncost: {t.cost}\nhelps when: {t.helps_when}\n{modes}"
+            f"phase: {t.phase}; loops: {', '.join(t.loops)}\n{rule}\n{t.explainer.strip()}\n{rule}\n"
+            f"The code it runs (scalekit/toggles/{t.name}.py):\n\n{t.code()}")
 
 
 COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,

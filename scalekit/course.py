@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import textwrap
+
 from .hardware import cuda_gpu_present
 from .measure.results import RunResult, compare
+from .toggles import TOGGLES
 
 
 def on_gpu() -> bool:
@@ -40,3 +44,19 @@ def before_after(results: list[RunResult], reference_ms: dict[str, float] | None
         df[col] = [reference_ms.get(r) for r in df["run"]]
         df["reference speedup"] = [base / v if base and v else None for v in df[col]]
     return df
+
+
+def show_code(what):
+    """The code a toggle runs (by name), or any function's source, as a Markdown code block for a chapter:
+    pulled from the package with `inspect`, so it cannot go stale.  `.data` holds the Markdown text."""
+    from IPython.display import Markdown
+
+    if isinstance(what, str):
+        if what not in TOGGLES:
+            raise KeyError(f"no toggle {what!r}; toggles: {', '.join(TOGGLES)}")
+        title = f"**`{what}`** runs (`scalekit/toggles/{what}.py`, shown by `scalekit toggles {what}`):"
+        code = TOGGLES[what].code()
+    else:
+        title = f"**`{what.__module__}.{what.__qualname__}`**:"
+        code = textwrap.dedent(inspect.getsource(what))
+    return Markdown(f"{title}\n\n```python\n{code.rstrip()}\n```")
