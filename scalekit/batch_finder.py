@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import RunConfig
-from .engine import run
+from .engine import is_out_of_memory, run
 from .errors import ConfigError
 from .hardware import detect
 
@@ -44,11 +44,6 @@ class BatchSizeSearch:
         df = pd.DataFrame([dataclasses.asdict(t) for t in self.trials])
         df["peak_mem_mb"] = df.pop("peak_mem_bytes") / 2**20
         return df
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    text = str(exc).lower()  # the CPU allocator says "can't allocate memory"
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def release_memory() -> None:

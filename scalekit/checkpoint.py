@@ -9,9 +9,10 @@ them into any wrapping of the same model.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
+
+from .files import check_writable, write_atomic
 
 WRAPPER_ATTRS = ("_orig_mod", "module")  # torch.compile, DDP / DataParallel
 
@@ -33,16 +34,9 @@ def clean_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save(model: torch.nn.Module, path: str | os.PathLike) -> None:
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".scalekit-", suffix=".pt")
-    os.close(fd)
-    try:
-        torch.save(clean_state_dict(model), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """The innermost module's weights, written atomically (scalekit.files.write_atomic)."""
+    state = clean_state_dict(model)
+    write_atomic(check_writable(path, "checkpoint"), lambda f: torch.save(state, f), binary=True)
 
 
 def load(model: torch.nn.Module, path: str | os.PathLike, strict: bool = True):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
 
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
+from .files import check_writable
+from .ladder import LADDERS
 from .launch import commands as launch_commands
+from .measure.results import write_results_json
 from .toggles import TOGGLES
 
 
@@ -34,18 +38,22 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
+    p.add_argument("--no-memory-check", dest="check_memory", action="store_false",
+                   help="run even when the planned peak memory is over twice this machine's")
 
 
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops)
+                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scalekit", description="Switch training optimizations on and measure them.")
     sub = p.add_subparsers(dest="command", required=True)
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
+    lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
+                     help="which ladder (default: train)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
     bench = sub.add_parser("bench", help="measure one configuration")
@@ -67,33 +75,50 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
+         "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
+         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check"}
+
+
+def flag_names(message: str) -> str:
+    """A RunConfig error with the command-line flag it is about: '... (flag: --steps)'."""
+    flags = [FLAGS[f] for f in dict.fromkeys(re.findall(r"RunConfig\.(\w+)", message)) if f in FLAGS]
+    return f"{message} (flag: {', '.join(flags)})" if flags else message
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    # Ctrl-C ends the current step cleanly instead of leaving a half-measured run
     stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: (stop.set(), _progress("stopping after this step…")))
+
+    def on_interrupt(*_) -> None:
+        if stop.is_set():  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        stop.set()  # the first ends the current step cleanly, keeping what was measured
+        _progress("stopping after this step… (Ctrl-C again to stop at once)")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         return COMMANDS[args.command](args, stop)
     except ConfigError as exc:
-        print(f"scalekit: error: {exc}", file=sys.stderr)
+        print(f"scalekit: error: {flag_names(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("scalekit: interrupted", file=sys.stderr)
+        return 130
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
 def cmd_ladder(args, stop) -> int:
-    import json
-
-    from .ladder import ladder
     from .report import results_table
 
     base = _config(args, {})
-    results = ladder(base, on_status=_progress,
+    json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
+    results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
     print(results_table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([r.to_dict() for r in results], f, indent=2, default=str)
+    if json_path is not None:
+        write_results_json(json_path, [r.to_dict() for r in results])
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
 
 
@@ -102,6 +127,7 @@ def cmd_bench(args, stop) -> int:
     from .report import results_table
 
     cfg = _config(args, dict(args.toggle))
+    json_path = check_writable(args.json, "--json") if args.json else None
     if args.nproc_per_node:
         from .launch import launch_run
 
@@ -113,8 +139,8 @@ def cmd_bench(args, stop) -> int:
         if not first:
             return 0 if result.status == "ok" else 1
     print(results_table([result]))
-    if args.json:
-        result.to_json(args.json)
+    if json_path is not None:
+        result.to_json(json_path)
     return 0 if result.status == "ok" else 1
 
 

@@ -62,6 +62,8 @@ class RunConfig:
     """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
+    check_memory: bool = True
+    """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
 
     def __post_init__(self) -> None:
         self.toggles = _normalise_toggles(self.toggles)
@@ -69,41 +71,55 @@ class RunConfig:
 
     # -- validation --------------------------------------------------------------------------------
     def validate(self) -> None:
+        """Every field checked for type and range, with the field named and the allowed values said."""
         if not isinstance(self.preset, str) or self.preset not in PRESET_NAMES:
             raise ConfigError(f"RunConfig.preset: unknown preset {self.preset!r}; allowed: {_allowed(PRESET_NAMES)}")
-        for name in ("batch_size", "seq_len"):
+        for name, (low, high) in INT_RANGES.items():
             value = getattr(self, name)
-            if value is not None:
-                _positive_int(name, value)
-        _positive_int("steps", self.steps)
-        _positive_int("log_every", self.log_every)
-        _positive_int("tokens_per_sample", self.tokens_per_sample)
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, numbers.Integral) \
-                or self.warmup_steps < 0:
-            raise ConfigError(f"RunConfig.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
-            raise ConfigError(f"RunConfig.seed must be an integer, got {self.seed!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not (0 < self.lr < float("inf")):
-            raise ConfigError(f"RunConfig.lr must be a positive finite number, got {self.lr!r}")
-        if self.data not in ("auto", *DATA_SOURCES) and not (self.data == "custom" and self.model is not None):
+            if value is None and name in ("batch_size", "seq_len"):
+                continue
+            _int_in(name, value, low, high)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not (LR_RANGE[0] <= self.lr <= LR_RANGE[1]):
+            raise ConfigError(f"RunConfig.lr must be a number from {LR_RANGE[0]:g} to {LR_RANGE[1]:g} (AdamW learning "
+                              f"rates are around 1e-4 to 1e-2), got {self.lr!r}")
+        for name in ("measure_memory", "check_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"RunConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()
+                                       or len(self.label) > 200 or not self.label.isprintable()):
+            raise ConfigError(f"RunConfig.label must be None or a printable name of 1 to 200 characters, "
+                              f"got {self.label!r}")
+        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
+                                              and not (self.data == "custom" and self.model is not None)):
             raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
                               f"{_allowed(('auto', *DATA_SOURCES))}")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
                                                     or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.peak_tflops is not None and (isinstance(self.peak_tflops, bool) or not isinstance(
-                self.peak_tflops, numbers.Real) or not (0 < self.peak_tflops < float("inf"))):
-            raise ConfigError(f"RunConfig.peak_tflops must be a positive number or None, got {self.peak_tflops!r}")
+                self.peak_tflops, numbers.Real) or not (0 < self.peak_tflops <= 1e5)):
+            raise ConfigError(f"RunConfig.peak_tflops must be a positive number of TFLOP/s (at most 1e5) or None, "
+                              f"got {self.peak_tflops!r}")
+        self._validate_model()
+        self._validate_toggle_pairs()
+
+    def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
         if any(x is not None for x in custom) and not all(x is not None for x in custom):
             raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model")
-        if self.model is not None:
-            if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
-                raise ConfigError("RunConfig.model must be an nn.Module or a function returning one")
-            for name in self.toggles:
-                if TOGGLES[name].gpt_only:
-                    raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
-                                            f"own model (RunConfig.model)")
+        if self.model is None:
+            return
+        if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
+            raise ConfigError("RunConfig.model must be an nn.Module or a function returning one")
+        for name in ("batch_fn", "loss_fn"):
+            if not callable(getattr(self, name)):
+                raise ConfigError(f"RunConfig.{name} must be a function, got {type(getattr(self, name)).__name__}")
+        for name in self.toggles:
+            if TOGGLES[name].gpt_only:
+                raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
+                                        f"own model (RunConfig.model)")
+
+    def _validate_toggle_pairs(self) -> None:
         for a, b, why in EXCLUSIVE:
             if a in self.toggles and b in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
@@ -154,9 +170,23 @@ class RunConfig:
         return out
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"RunConfig.{name} must be a positive integer, got {value!r}")
+# (smallest, largest) for each whole-number field: far beyond these a run is a mistake, not an experiment
+INT_RANGES = {
+    "batch_size": (1, 2**24),
+    "seq_len": (1, 2**20),
+    "steps": (1, 10**8),
+    "warmup_steps": (0, 10**7),
+    "log_every": (1, 10**8),
+    "tokens_per_sample": (1, 2**30),
+    "seed": (0, 2**63 - 1),
+}
+LR_RANGE = (1e-8, 1.0)
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        kind = "a positive integer" if low == 1 else ("an integer >= 0" if high < 2**62 else "an integer")
+        raise ConfigError(f"RunConfig.{name} must be {kind} from {low} to {high:,}, got {value!r}")
 
 
 def _normalise_toggles(toggles: Any) -> dict[str, Any]:

@@ -101,6 +101,15 @@ def setup(hw, stack, batch_size: int) -> Ranks:
     return ranks
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank if `flag` is True on any (one small all-reduce, at a sync point)."""
+    t = torch.tensor([1.0 if flag else 0.0])
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def _destroy_group(exc_type=None, exc=None, tb=None) -> bool:
     """The end of a run that created the group: free the model first, then destroy the group."""
     if tb is not None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import ConfigError
+
 # Dense (no structured sparsity) peak FLOP/s in TFLOP/s, from the vendors' data sheets.  Sparse figures
 # are twice these and wrong for training.  First matching pattern wins, so specific names come first.
 # A device that matches nothing gets no MFU ("n/a"), never a guess.
@@ -80,15 +82,19 @@ def detect(device: str = "auto") -> Hardware:
     common = dict(cpu_count=os.cpu_count() or 1, torch_version=torch.__version__, cuda_version=torch.version.cuda)
     if want_cuda:
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} was asked for, but torch sees no CUDA GPU "
-                               f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(f"RunConfig.device: {device!r} was asked for, but torch sees no CUDA GPU here "
+                              f"(torch {torch.__version__}, {build}); use 'cpu' or 'auto'")
         index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"RunConfig.device: {device!r}: this machine has {torch.cuda.device_count()} GPU(s), "
+                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         props = torch.cuda.get_device_properties(index)
         cap = (props.major, props.minor)
         return Hardware("cuda", index, props.name, cap, bf16_supported=cap >= (8, 0), tf32_supported=cap >= (8, 0),
                         total_mem_bytes=props.total_memory, **common)
     if device not in ("auto", "cpu"):
-        raise ValueError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     total = None
     try:
         import psutil

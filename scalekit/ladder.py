@@ -42,9 +42,17 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
                 continue
             on[name] = True
         result = measure(label)
-        if result.status == "failed" and name is not None:
+        if result.status in ("failed", "diverged") and name is not None:
             del on[name]  # keep climbing without the rung that broke
         results.append(result)
         if on_result:
             on_result(result)
+        if result.status == "stopped":
+            break  # Stop, or Ctrl-C: the rungs above are not climbed
     return results
+
+
+# The ladders `scalekit ladder KIND` climbs: KIND -> a function (base RunConfig, on_status, on_result, stop)
+# -> list of results.  "train" is the training ladder above; the data, inference and fine-tuning ladders
+# add themselves here.
+LADDERS = {"train": ladder}

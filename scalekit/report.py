@@ -11,7 +11,8 @@ def _fmt(value, spec: str, missing: str = "—") -> str:
 
 def results_table(results: list[RunResult]) -> str:
     """One line per run: median step time with its spread, throughput, speed-up vs the first row, memory, MFU."""
-    base = next((r for r in results if r.finished), None)
+    base = next((r for r in results if r.finished and r.status != "diverged"), None) or \
+        next((r for r in results if r.finished), None)
     header = ["run", "step ms", "p25–p75 ms", "tokens/s", "speed-up", "peak MB", "mem ×", "MFU", "loss", "note"]
     rows = []
     for r in results:
@@ -27,6 +28,8 @@ def results_table(results: list[RunResult]) -> str:
             notes.insert(0, f"compile {r.compile_s:.1f} s")
         if r.status == "stopped":
             notes.insert(0, "stopped")
+        if r.status == "diverged":
+            notes.insert(0, f"DIVERGED (not ok): {r.error}")
         rows.append([
             r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", f"{r.tokens_per_s:,.0f}", f"{speedup:.2f}×",
             _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import scalekit
-from scalekit import engine
+from scalekit import engine, training
 from scalekit.models.blocks import find_blocks
 from scalekit.toggles import ORDER, PHASES, TOGGLES, BuildContext
 from tests.helpers import CPU, built, tiny
@@ -123,7 +123,7 @@ def test_build_context_refuses_an_undeclared_field():
 
 
 @pytest.mark.parametrize("path", sorted([*(PACKAGE / "toggles").glob("*.py"), PACKAGE / "engine.py",
-                                         PACKAGE / "distributed.py"]), ids=lambda p: p.name)
+                                         PACKAGE / "training.py", PACKAGE / "distributed.py"]), ids=lambda p: p.name)
 def test_every_context_attribute_the_engine_and_toggles_use_is_declared(path):
     used = attribute_uses(path)
     assert used <= CONTEXT_FIELDS, f"{path.name} uses undeclared BuildContext fields: {sorted(used - CONTEXT_FIELDS)}"
@@ -168,19 +168,19 @@ def test_toggles_and_the_engine_never_test_toggle_names():
         if path.name == "__init__.py":
             continue  # the order, the exclusive and required pairs are written there, by name
         assert not name_tests(path, {path.stem}), f"{path.name} tests another toggle's name"
-    for path in (PACKAGE / "engine.py", PACKAGE / "distributed.py"):
+    for path in (PACKAGE / "engine.py", PACKAGE / "training.py", PACKAGE / "distributed.py"):
         assert not name_tests(path, set()), f"{path.name} tests a toggle's name: {name_tests(path, set())}"
 
 
 def test_build_walks_the_phases_in_their_one_order(monkeypatch):
     seen = []
-    original = engine.apply_toggles
-    monkeypatch.setattr(engine, "apply_toggles", lambda ctx, phase, toggles: (seen.append(phase),
-                                                                               original(ctx, phase, toggles)))
+    original = training.apply_toggles
+    monkeypatch.setattr(training, "apply_toggles", lambda ctx, phase, toggles: (seen.append(phase),
+                                                                                 original(ctx, phase, toggles)))
     with contextlib.ExitStack() as stack:
-        engine.build(tiny().resolve(CPU), CPU, stack)
+        training.build(tiny().resolve(CPU), CPU, stack)
     assert tuple(seen) == PHASES
-    assert set(engine.BUILDERS) <= set(PHASES)
+    assert set(training.BUILDERS) <= set(PHASES)
     assert [PHASES.index(t.phase) for t in ORDER] == sorted(PHASES.index(t.phase) for t in ORDER)
 
 

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..errors import ConfigError
 from .shakespeare import load_tokens
 
 DATA_SOURCES = ("shakespeare", "synthetic")
@@ -31,27 +32,53 @@ class TokenWindows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
+class FullBatches(Sampler):
+    """Index batches of exactly `batch_size`, epoch after epoch, each epoch a fresh shuffle.
+
+    A plain DataLoader ends an epoch of N samples with a short batch of N mod B; a step that splits its
+    batch into micro-batches or over ranks, or a compiled model, cannot always take it.  Here the remainder
+    of an epoch is carried into the first batch of the next (nothing skipped), or, with drop_last, skipped
+    as DataLoader(drop_last=True) skips it.  A batch larger than the dataset simply spans several epochs.
+    """
+
+    def __init__(self, n_samples: int, batch_size: int, generator: torch.Generator, drop_last: bool = False):
+        if drop_last and n_samples < batch_size:
+            raise ConfigError(f"RunConfig.batch_size ({batch_size}) is larger than the {n_samples:,} sequences an "
+                              f"epoch holds, and drop_last skips every partial batch: no batch is left; switch "
+                              f"drop_last off or use a batch of at most {n_samples}")
+        self.n, self.batch_size, self.generator, self.drop_last = n_samples, batch_size, generator, drop_last
+
+    def __iter__(self):
+        carry: list[int] = []
+        b = self.batch_size
+        while True:
+            order = torch.randperm(self.n, generator=self.generator).tolist()
+            if self.drop_last:
+                yield from (order[i:i + b] for i in range(0, self.n - b + 1, b))
+                continue
+            pool = carry + order
+            full = len(pool) // b * b
+            yield from (pool[i:i + b] for i in range(0, full, b))
+            carry = pool[full:]
+
+
 def window_loader(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
                   **loader_kwargs) -> DataLoader:
+    """A plain DataLoader over the windows, one epoch per iteration (its last batch short unless drop_last)."""
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(TokenWindows(tokens, seq_len), batch_size=batch_size, shuffle=True,
                       drop_last=drop_last, generator=generator, **loader_kwargs)
 
 
-def endless(loader: DataLoader) -> Iterator:
-    """Loop over a DataLoader epoch after epoch (each epoch reshuffled by the loader's generator)."""
-    while True:
-        yielded = False
-        for batch in loader:
-            yielded = True
-            yield batch
-        if not yielded:
-            raise ValueError("the data loader produced no batch (drop_last with fewer samples than the batch?)")
-
-
 def shakespeare_batches(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
                         split: str = "train", **loader_kwargs) -> Iterator:
-    return endless(window_loader(load_tokens(split), seq_len, batch_size, seed, drop_last, **loader_kwargs))
+    """Endless full batches of windows of the corpus (FullBatches: no short batch at an epoch's end)."""
+    dataset = TokenWindows(load_tokens(split), seq_len)
+    generator = torch.Generator().manual_seed(seed)
+    sampler = FullBatches(len(dataset), batch_size, generator, drop_last)
+    # the loader draws from the generator too (a seed for workers) before the sampler's first shuffle,
+    # as a shuffling DataLoader does: the first epoch's batches are the same as DataLoader(shuffle=True)'s
+    return iter(DataLoader(dataset, batch_sampler=sampler, generator=generator, **loader_kwargs))
 
 
 def synthetic_batches(vocab_size: int, seq_len: int, batch_size: int, seed: int,

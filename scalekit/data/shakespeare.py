@@ -2,17 +2,24 @@
 
 Training format: the corpus tokenized once into a flat array of uint16 token ids on disk, read back as a
 memmap, so every run starts from the same bytes without re-tokenizing.  Written atomically (temporary
-file, then rename): an interrupted preparation never leaves a half-written file behind.
+file, fsynced, then renamed): an interrupted preparation never leaves a half-written file behind.  The
+size and a checksum of each file are recorded beside them when they are built and checked when the
+cache is first opened in a process; a file that does not match is built again, with a one-line note on stderr.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import tempfile
+import sys
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
+from ..errors import ConfigError
+from ..files import write_atomic, write_text_atomic
 
 CORPUS_NAME = "tinyshakespeare.txt"
 VAL_FRACTION = 0.1
@@ -46,30 +53,82 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _write_atomic(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+CACHE_FORMAT = 1
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _meta_path() -> Path:
+    return cache_dir() / "shakespeare_char.json"
+
+
+def _expected() -> dict:
+    """What the cache must hold: recorded beside the token files when they are built, checked on every open."""
+    text = corpus_text()
+    ids = np.array(CharTokenizer(text).encode(text), dtype=np.uint16)
+    n_train = int(len(ids) * (1 - VAL_FRACTION))
+    parts = {"train": ids[:n_train], "val": ids[n_train:]}
+    return {"format": CACHE_FORMAT, "corpus_sha256": _digest(text.encode("utf-8")), "val_fraction": VAL_FRACTION,
+            "splits": {k: {"tokens": len(v), "sha256": _digest(v.tobytes())} for k, v in parts.items()}}, parts
+
+
+def _problem(meta: dict | None) -> str | None:
+    """Why the cache on disk cannot be used (None: it can)."""
+    if meta is None:
+        return "no record of how it was built"
+    if meta.get("format") != CACHE_FORMAT or meta.get("val_fraction") != VAL_FRACTION:
+        return "it was built by another version of scalekit"
+    for split, want in meta.get("splits", {}).items():
+        path = cache_dir() / f"shakespeare_char_{split}.bin"
+        if not path.exists():
+            return f"{path.name} is missing"
+        if path.stat().st_size != 2 * want["tokens"]:
+            return f"{path.name} has {path.stat().st_size:,} bytes, not {2 * want['tokens']:,}"
+        if _digest(path.read_bytes()) != want["sha256"]:
+            return f"{path.name}'s content does not match its recorded checksum"
+    return None
+
+
+def _read_meta() -> dict | None:
     try:
-        with os.fdopen(fd, "wb") as f:
-            array.tofile(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        return json.loads(_meta_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _build_cache(why: str | None) -> None:
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"the token cache directory {str(directory)!r} cannot be created ({exc.strerror}); "
+                          f"set SCALEKIT_CACHE to a writable folder") from exc
+    meta, parts = _expected()
+    for split, ids in parts.items():
+        write_atomic(directory / f"shakespeare_char_{split}.bin", lambda f, ids=ids: ids.tofile(f), binary=True)
+    write_text_atomic(_meta_path(), json.dumps(meta, indent=1))  # last: the record vouches for the files
+    if why is not None:
+        print(f"scalekit: note: rebuilt the token cache in {directory} ({why})", file=sys.stderr)
+
+
+_VALIDATED: set[str] = set()  # cache folders checked in this process
 
 
 def training_file(split: str = "train") -> Path:
-    """Path of the uint16 token file for `split` ("train" or "val"), preparing it on first use."""
+    """Path of the uint16 token file for `split` ("train" or "val"), checked against its record (and built
+    again if it does not match) the first time this process opens the cache."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    path = cache_dir() / f"shakespeare_char_{split}.bin"
-    if not path.exists():
-        text = corpus_text()
-        ids = np.array(CharTokenizer(text).encode(text), dtype=np.uint16)
-        n_train = int(len(ids) * (1 - VAL_FRACTION))
-        _write_atomic(cache_dir() / "shakespeare_char_train.bin", ids[:n_train])
-        _write_atomic(cache_dir() / "shakespeare_char_val.bin", ids[n_train:])
-    return path
+    key = str(cache_dir())
+    if key not in _VALIDATED:
+        exists = any(cache_dir().glob("shakespeare_char_*.bin"))
+        problem = _problem(_read_meta())
+        if problem is not None:
+            _build_cache(problem if exists else None)
+        _VALIDATED.add(key)
+    return cache_dir() / f"shakespeare_char_{split}.bin"
 
 
 def load_tokens(split: str = "train") -> np.memmap:

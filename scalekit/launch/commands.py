@@ -59,6 +59,8 @@ def bench_args(cfg) -> list[str]:
                         ("--peak-tflops", cfg.peak_tflops)):
         if value is not None:
             out += [flag, value]
+    if not cfg.check_memory:
+        out.append("--no-memory-check")
     for name, value in cfg.toggles.items():
         out += ["--toggle", name if value is True else f"{name}={value}"]
     return [str(x) for x in out]

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..files import write_atomic
 from .timing import Spread
 
-STATUSES = ("ok", "stopped", "failed", "skipped")
+# ok: every step ran; stopped: Stop or Ctrl-C ended it early (what it measured is kept); diverged: the loss
+# became NaN or infinite (the run ended there, its measurements so far kept); failed: an error, in `error`;
+# skipped: not run (a rung of the ladder this machine cannot run).
+STATUSES = ("ok", "stopped", "diverged", "failed", "skipped")
 
 
 @dataclass
@@ -24,6 +27,7 @@ class StepRecord:
     tokens_per_s: float
     loss: float | None  # only read every log_every steps (a sync point)
     mem_bytes: int | None  # allocator bytes on GPU, RSS on CPU, read at sync points
+    tokens: int | None = None  # tokens this step processed (this rank's)
 
 
 @dataclass
@@ -31,7 +35,8 @@ class RunResult:
     label: str
     config: dict
     status: str = "ok"  # one of STATUSES
-    error: str | None = None  # for "failed": what went wrong, in plain words
+    error: str | None = None  # for "failed" and "diverged": what went wrong, in plain words
+    diverged_at_step: int | None = None  # the step whose loss went NaN/inf (counting warm-up steps from 0)
     device: str = ""
     torch_version: str = ""
     tokens_per_step: int = 0
@@ -72,7 +77,12 @@ class RunResult:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("ok", "stopped") and bool(self.step_ms and self.step_ms.n)
+        """It measured steps whose figures can be shown (a diverged run's, up to where it diverged)."""
+        return self.status in ("ok", "stopped", "diverged") and bool(self.step_ms and self.step_ms.n)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,17 +90,8 @@ class RunResult:
         return d
 
     def to_json(self, path: str | os.PathLike) -> None:
-        """Write the full result as JSON, atomically."""
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".scalekit-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2, default=str)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        """Write the full result as JSON, atomically (a temporary file, fsynced, renamed)."""
+        write_results_json(path, self.to_dict())
 
     def summary_row(self) -> dict[str, Any]:
         s = self.step_ms
@@ -127,3 +128,8 @@ def _ratio(num, den):
     if num is None or den is None or not den or (isinstance(num, float) and math.isnan(num)):
         return None
     return num / den
+
+
+def write_results_json(path: str | os.PathLike, doc) -> None:
+    """JSON of results (a RunResult's dict, or a list of them), written atomically."""
+    write_atomic(path, lambda f: json.dump(doc, f, indent=2, default=str))

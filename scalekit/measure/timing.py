@@ -26,6 +26,9 @@ class CPUStepTimer:
     def stop(self) -> None:
         self._pending.append((time.perf_counter() - self._t0) * 1e3)
 
+    def discard(self) -> None:
+        """Forget a step that was started and will not be stopped (it was interrupted)."""
+
     def collect(self) -> list[float]:
         """Milliseconds of the steps stopped since the last collect."""
         out, self._pending = self._pending, []
@@ -46,6 +49,9 @@ class CUDAStepTimer:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         self._pending.append((self._start, end))
+
+    def discard(self) -> None:
+        self._start = None
 
     def collect(self) -> list[float]:
         if not self._pending:

@@ -18,11 +18,13 @@ import dataclasses
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from .. import distributed
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..hardware import detect, gpu_count_without_cuda_init
 from ..models.presets import PRESETS
 from ..toggles import BuildContext, apply_toggles
+from ..toggles.grad_accum import divisors
 from .estimate import FP32, Estimate
 from .gpt import gpt_estimate
 from .ranks import SPREAD, per_rank
@@ -41,7 +43,7 @@ NOTES = {
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
 }
 
-__all__ = ["Estimate", "estimate", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
+__all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
 
 
 def estimate(config: RunConfig, device: str | None = None, world_size: int | None = None) -> Estimate:
@@ -90,8 +92,10 @@ def _one_rank(cfg: RunConfig, world: int, spread: list[str]) -> RunConfig:
         raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks "
                           f"({world}): each rank trains on batch_size / ranks sequences")
     if (cfg.batch_size // world) % k:
-        what = f"batch_size / ranks ({cfg.batch_size // world})" if world > 1 else f"batch_size={cfg.batch_size}"
-        raise ConfigError(f"RunConfig.toggles['grad_accum']={k} must divide {what}")
+        per_rank = cfg.batch_size // world
+        what = f"batch_size / ranks ({per_rank})" if world > 1 else f"batch_size={cfg.batch_size}"
+        raise ConfigError(f"RunConfig.toggles['grad_accum']={k} must divide {what} (each micro-batch is "
+                          f"batch_size/k sequences); allowed here: {', '.join(map(str, divisors(per_rank)))}")
     toggles = {n: v for n, v in cfg.toggles.items() if n not in spread}
     return dataclasses.replace(cfg, batch_size=cfg.batch_size // world, toggles=toggles)
 
@@ -122,3 +126,42 @@ def planned_vs_measured(results) -> pd.DataFrame:
                      "planned activations MiB": planned.activations_bytes / 2**20,
                      "measured activations MiB": r.activations_bytes / 2**20})
     return pd.DataFrame(rows)
+
+
+MEMORY_MARGIN = 2.0  # refuse a run planned at more than this many times the machine's memory
+
+
+def check_fits(cfg: RunConfig, hw) -> str | None:
+    """Refuse (ConfigError) a resolved `cfg` whose planned peak exceeds the machine's memory by a wide margin,
+    before anything is allocated.  For the built-in GPT the whole plan is checked; for your own model only
+    its weights, gradients and AdamW state (read off the parameters: tracing its step would run your
+    batch_fn and loss_fn an extra time).  Returns a note when nothing could be checked."""
+    total = hw.total_mem_bytes
+    if not total:
+        return None
+    ranks = distributed.world_size()  # in a launched rank, the launch's size
+    ranks_here = ranks if hw.device_type == "cpu" else 1  # ranks on one CPU share its memory
+    if cfg.custom_model:
+        need, what = _weights_and_state_bytes(cfg) * ranks_here, "weights, gradients and AdamW state alone"
+    else:
+        plan = estimate(cfg, device=hw.device_type, world_size=ranks if ranks > 1 else None)
+        need, what = plan.peak_bytes * ranks_here, "planned peak memory"
+    if need > MEMORY_MARGIN * total:
+        where = "GPU memory" if hw.device_type == "cuda" else "RAM"
+        raise ConfigError(f"RunConfig.check_memory: this run's {what} come to {need / 2**30:.1f} GiB"
+                          f"{f' ({ranks_here} ranks on this machine)' if ranks_here > 1 else ''}, more than "
+                          f"{MEMORY_MARGIN:g}× this machine's {total / 2**30:.1f} GiB of {where}: lower batch_size "
+                          f"or seq_len, or set check_memory=False (--no-memory-check) if you know better")
+    return None
+
+
+def _weights_and_state_bytes(cfg: RunConfig) -> int:
+    """fp32 weights + gradients + AdamW's two moments: 16 bytes per parameter (the model built on meta)."""
+    import torch
+
+    if isinstance(cfg.model, torch.nn.Module):
+        model = cfg.model
+    else:
+        with torch.device("meta"):
+            model = cfg.model()
+    return 16 * sum(p.numel() for p in model.parameters())

@@ -22,7 +22,7 @@ import os
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import engine
+from .. import training
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..measure import memory
@@ -81,18 +81,18 @@ def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
 
 def _trace(cfg, hw: Hardware, stack) -> dict:
     """Build `cfg` under fake tensors, take one step, then count one more; the figures as numbers."""
-    ctx = engine.build(cfg, hw, stack)
-    flops = engine.flops_per_step(ctx)
+    ctx = training.build(cfg, hw, stack)
+    flops = training.flops_per_step(ctx)
     grads = memory.GradBytesAtStep(ctx.optimizer)
-    engine.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
-    tracker = engine.step_tracker(ctx, devices=(hw.device_type,))
+    training.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
+    tracker = training.step_tracker(ctx, devices=(hw.device_type,))
     before_update = {}  # the peak of forward and backward, read as the optimizer step begins
 
     def read_peak(*_) -> None:
         before_update.setdefault("peak", tracker.peak_bytes)
 
     ctx.optimizer.register_step_pre_hook(read_peak)
-    peak = engine.probe_step_memory(ctx, tracker)
+    peak = training.probe_step_memory(ctx, tracker)
     params = list(ctx.base_model.parameters())
     embedding_ids = {id(m.weight) for m in ctx.base_model.modules() if isinstance(m, torch.nn.Embedding)}
     blocks = [sum(p.numel() for p in b.parameters()) for b in (ctx.blocks or [])]

@@ -1,4 +1,4 @@
-"""drop_last: skip the short final batch of each epoch so every step has the same shape."""
+"""drop_last: skip the remainder of each epoch, so every epoch starts on a batch boundary."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from .base import BuildContext, Toggle
 
 class DropLast(Toggle):
     name = "drop_last"
-    summary = "DataLoader(drop_last=True): every batch has the same shape"
+    summary = "skip each epoch's remainder (DataLoader(drop_last=True)) instead of carrying it into the next epoch"
     cost = "up to batch_size-1 samples per epoch are not seen in that epoch"
     helps_when = "compiled or CUDA-graphed models, which recompile (or fail) on a short last batch"
     group = "data"

@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 from ..config import RunConfig
 from ..engine import plain_error, run
 from ..errors import ConfigError
+from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
 from ..plots import memory_breakdown_figure
@@ -216,19 +217,20 @@ class Lab:
 
     @property
     def results(self):
-        """The results table as a pandas DataFrame: one row per run that measured (ok or stopped)."""
-        return results_frame([(n, r) for n, r in self.runs if r.status in ("ok", "stopped")])
+        """The results table as a pandas DataFrame: one row per run that measured (ok, stopped or diverged)."""
+        return results_frame([(n, r) for n, r in self.runs if r.status in ("ok", "stopped", "diverged")])
 
     def to_csv(self, path) -> str:
-        self.results.to_csv(path, index=False)
+        """The table as CSV, written atomically."""
+        frame = self.results
+        write_atomic(check_writable(path, "Lab.to_csv path"), lambda f: frame.to_csv(f, index=False))
         return str(path)
 
     def to_json(self, path) -> str:
         """The table (`results`) and every run in full (per-step records included)."""
         doc = {"results": json.loads(self.results.to_json(orient="records")),
                "runs": [dict(number=n, **r.to_dict()) for n, r in self.runs]}
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, default=str)
+        write_atomic(check_writable(path, "Lab.to_json path"), lambda f: json.dump(doc, f, indent=2, default=str))
         return str(path)
 
     # -- the run's thread and the view's thread ----------------------------------------------------
@@ -248,22 +250,26 @@ class Lab:
             self._status_text, self._status_since = f"{key}: {text}", time.perf_counter()
 
         t0 = time.perf_counter()
+        result = None
         try:
             if needs_process_group(cfg.toggles):
                 result = self._launch(cfg, on_step, on_status)
             else:
                 result = run(cfg, on_step=on_step, on_status=on_status, stop=self._stop, hw=self.hw,
                              catch_errors=True)
-        except Exception as exc:  # raised before the run starts (e.g. a toggle this machine cannot run)
+        except BaseException as exc:  # anything a run can raise, SystemExit from a loss_fn included
             result = RunResult(label=cfg.label, config=cfg.to_dict(), status="failed", error=plain_error(exc),
                                device=self.hw.device_name)
-        cost.run_wall_s = time.perf_counter() - t0
-        done.set()
-        view.join()
-        try:
-            self._finish(number, key, result)
-        except Exception:
-            self._log_exception()
+        finally:
+            cost.run_wall_s = time.perf_counter() - t0
+            done.set()
+            view.join()
+            try:
+                self._finish(number, key, result)
+            except BaseException:
+                self._log_exception()
+            finally:
+                self._lock_controls(False)  # the Lab stays usable, whatever happened
 
     def _launch(self, cfg: RunConfig, on_step, on_status) -> RunResult:
         """Run `cfg` in `processes` ranks; its steps reach the plots when the ranks are done (they run in
@@ -306,6 +312,8 @@ class Lab:
         self.runs.append((number, result))
         if result.status == "failed":
             self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
+        elif result.status == "diverged":
+            self._say(f"Run {key} diverged: {result.error}. Kept in the table, marked diverged.", error=True)
         elif result.status == "stopped":
             measured = sum(not s.warmup for s in result.steps)
             self._say(f"Run {key} stopped after {len(result.steps)} steps ({measured} measured); kept in the table "

@@ -1,0 +1,182 @@
+"""Building a training run and taking one step: the part of the loop every measurement shares.
+
+`build` makes everything a run needs, fresh, phase by phase (`scalekit.toggles.PHASES`): after each
+phase's toggles the engine builds what that phase is for (BUILDERS): the batches, the model, the optimizer
+and its stepper.  `train_step` is one optimizer step, read top to bottom: micro-batches, autocast,
+backward through the stepper, the update.  The planner runs these same functions on fake tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterator
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import distributed, hardware
+from .config import RunConfig
+from .data import shakespeare_batches, synthetic_batches
+from .errors import ConfigError
+from .measure import flops as flops_mod
+from .measure import memory
+from .models import GPT, PRESETS
+from .models.blocks import find_blocks
+from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
+
+
+def gpt_loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return model(x, y)[1]
+
+
+def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) -> BuildContext:
+    """Everything a run needs, built fresh, phase by phase (PHASES): after each phase's toggles, what that
+    phase is for is built (BUILDERS): the batches, the model, the optimizer and its stepper."""
+    torch.manual_seed(cfg.seed)
+    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack,
+                       world_size=distributed.world_size() if needs_process_group(cfg.toggles) else 1,
+                       gpt_config=None if cfg.custom_model else PRESETS[cfg.preset].gpt_config(cfg.seq_len))
+    for phase in PHASES:
+        apply_toggles(ctx, phase, cfg.toggles)
+        if phase in BUILDERS:
+            BUILDERS[phase](ctx)
+    return ctx
+
+
+def build_batches(ctx: BuildContext) -> None:
+    cfg = ctx.config
+    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
+    # in a run spread over ranks, each rank keeps its own slice of every global batch
+    ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
+
+
+def build_model(ctx: BuildContext) -> None:
+    cfg = ctx.config
+    if cfg.custom_model:
+        model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
+        ctx.loss_fn = cfg.loss_fn
+    else:
+        model = GPT(ctx.gpt_config)
+        ctx.loss_fn = gpt_loss
+    if any(t.device != ctx.device for t in itertools.chain(model.parameters(), model.buffers())):
+        model = model.to(ctx.device)  # (only when needed: the planner's fake tensors cannot be moved in place)
+    ctx.base_model = model  # unwrapped: for FLOPs, memory and checkpoints
+    ctx.model = ctx.base_model
+    ctx.blocks = find_blocks(ctx.base_model)
+
+
+def build_optimizer(ctx: BuildContext) -> None:
+    if ctx.optimizer_factory is not None:
+        ctx.optimizer = ctx.optimizer_factory(ctx.model.parameters())
+    else:
+        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=ctx.config.lr, **ctx.optimizer_kwargs)
+    ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
+
+
+# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves).
+BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
+
+
+def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
+    if cfg.custom_model:
+        return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
+    if cfg.data == "synthetic":
+        vocab = PRESETS[cfg.preset].vocab_size
+        return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
+    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs)
+    return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
+
+
+def split_batch(batch, parts: int) -> list:
+    """Split every tensor in `batch` into `parts` equal micro-batches along dim 0."""
+    if parts == 1:
+        return [batch]
+    leaves, spec = tree_flatten(batch)
+    chunks = [leaf.chunk(parts) if isinstance(leaf, torch.Tensor) else [leaf] * parts for leaf in leaves]
+    return [tree_unflatten([c[k] for c in chunks], spec) for k in range(parts)]
+
+
+def train_step(ctx: BuildContext, batch) -> torch.Tensor:
+    """One optimizer step: forward and backward per micro-batch under the step contexts, update, clear grads."""
+    micro_batches = split_batch(batch, ctx.grad_accum_steps)
+    losses = []
+    for k, micro in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
+        # gradients are averaged over micro-batches: the same as one step on the whole batch
+        sync = contextlib.nullcontext() if last or ctx.no_sync is None else ctx.no_sync()
+        autocast = (torch.autocast(ctx.device.type, dtype=ctx.compute_dtype) if ctx.compute_dtype
+                    else contextlib.nullcontext())
+        with sync:
+            with autocast:
+                loss = ctx.loss_fn(ctx.model, micro) / len(micro_batches)
+            ctx.stepper.backward(loss, boundary=last)
+        losses.append(loss.detach())
+    ctx.stepper.step()  # the update, and the gradients cleared (set to None)
+    return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+
+
+def tokens_per_step(cfg: RunConfig) -> int:
+    if cfg.custom_model:
+        return cfg.batch_size * cfg.tokens_per_sample
+    return cfg.batch_size * cfg.seq_len
+
+
+def flops_per_step(ctx: BuildContext) -> float | None:
+    cfg = ctx.config
+    if not cfg.custom_model:
+        g = ctx.gpt_config
+        per_token = flops_mod.gpt_train_flops_per_token(ctx.base_model.num_params(), g.n_layer, g.n_embd, cfg.seq_len)
+        return per_token * tokens_per_step(cfg)
+    # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
+        batch = cfg.batch_fn(cfg.batch_size, ctx.device)
+        counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
+    ctx.base_model.zero_grad(set_to_none=True)
+    return counted or None
+
+
+def mfu_dtype(ctx: BuildContext) -> str:
+    """The dtype whose dense peak MFU is measured against: what the run's matmuls compute in."""
+    if ctx.compute_dtype is not None:
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(ctx.compute_dtype, "fp32")
+    return "tf32" if ctx.tf32_matmuls else "fp32"
+
+
+def batch_tokens(ctx: BuildContext, batch) -> int:
+    """Tokens in this rank's `batch` (rows × tokens per row); refuses a batch the step cannot split."""
+    cfg = ctx.config
+    leaves = [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0]
+    if not leaves:
+        raise ConfigError("RunConfig.batch_fn returned a batch with no tensor in it: return a tensor, or a "
+                          "tuple/dict of tensors whose first dimension is the batch")
+    rows = leaves[0].shape[0]
+    k = ctx.grad_accum_steps
+    if rows % k:
+        raise ConfigError(f"a batch of {rows} rows cannot be split into grad_accum={k} equal micro-batches: "
+                          f"{'RunConfig.batch_fn must return batch_size rows' if cfg.custom_model else 'the batch'} "
+                          f"(a multiple of {k})")
+    return rows * (cfg.tokens_per_sample if cfg.custom_model else cfg.seq_len)
+
+
+def step_tracker(ctx: BuildContext, tracker_cls=memory.LiveTensorBytes, devices=("cpu",)):
+    """A live-tensor counter that starts from the run's weights, buffers and optimizer state."""
+    baseline = [*ctx.base_model.parameters(), *ctx.base_model.buffers(),
+                *memory.optimizer_state_tensors(ctx.optimizer)]
+    return tracker_cls(baseline, devices=devices)
+
+
+def probe_step_memory(ctx: BuildContext, tracker) -> int:
+    """The most live tensor bytes during one more step of `ctx`, counted by `tracker` (step_tracker); the
+    planner runs this same count over fake tensors."""
+    # a dispatch mode cannot see inside compiled kernels, and dynamo would mark the model's code as
+    # "skip" for the rest of the process: probe the eager model instead
+    model, ctx.model = ctx.model, (ctx.base_model if ctx.compiled else ctx.model)
+    try:
+        with tracker:
+            train_step(ctx, next(ctx.batches))
+    finally:
+        ctx.model = model
+    return tracker.peak_bytes
