@@ -71,11 +71,13 @@ def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
 
 
 @torch.no_grad()
-def heldout_loss(model: torch.nn.Module, tokens, seq_len: int, n_windows: int | None = None,
-                 batch_size: int = 8) -> float:
-    """Mean cross-entropy in nats per token over the first `n_windows` consecutive, non-overlapping windows
-    of `tokens` (all that fit when None): window k reads tokens[kT : kT+T] and predicts tokens[kT+1 : kT+T+1].
-    Measured in eval mode; the model's mode is restored afterwards."""
+def position_losses(model: torch.nn.Module, tokens, seq_len: int, n_windows: int | None = None,
+                    batch_size: int = 8) -> tuple[torch.Tensor, int]:
+    """Cross-entropy summed over windows at each of the seq_len positions (float64), and the window count.
+
+    The windows are the first `n_windows` consecutive, non-overlapping ones of `tokens` (all that fit when
+    None): window k reads tokens[kT : kT+T] and predicts tokens[kT+1 : kT+T+1].  Eval mode, no grad; the
+    model's mode is restored afterwards."""
     data = torch.from_numpy(np.asarray(tokens).astype(np.int64))
     fit = (len(data) - 1) // seq_len
     n = fit if n_windows is None else n_windows
@@ -84,15 +86,30 @@ def heldout_loss(model: torch.nn.Module, tokens, seq_len: int, n_windows: int | 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total = 0.0
+    sums = torch.zeros(seq_len, dtype=torch.float64)
     for first in range(0, n, batch_size):
         starts = range(first * seq_len, min(n, first + batch_size) * seq_len, seq_len)
         x = torch.stack([data[s: s + seq_len] for s in starts]).to(device)
         y = torch.stack([data[s + 1: s + seq_len + 1] for s in starts]).to(device)
-        logits = model(x)[0]
-        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), reduction="sum").item()
+        logits = model(x)[0].float()
+        loss = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T)
+        sums += loss.double().sum(0).cpu()
     model.train(was_training)
-    return total / (n * seq_len)
+    return sums, n
+
+
+def heldout_loss(model: torch.nn.Module, tokens, seq_len: int, n_windows: int | None = None,
+                 batch_size: int = 8) -> float:
+    """Mean cross-entropy in nats per token over every predicted token of the windows position_losses reads."""
+    sums, n = position_losses(model, tokens, seq_len, n_windows, batch_size)
+    return sums.sum().item() / (n * seq_len)
+
+
+def heldout_loss_by_part(model: torch.nn.Module, tokens, seq_len: int, n_windows: int | None = None,
+                         parts: int = 4) -> list[float]:
+    """The same mean over each of `parts` equal ranges of positions: does the model use its whole context?"""
+    sums, n = position_losses(model, tokens, seq_len, n_windows)
+    return [chunk.sum().item() / (n * chunk.numel()) for chunk in sums.chunk(parts)]
 
 
 def config_fields(cfg: GPTConfig) -> dict:
