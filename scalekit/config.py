@@ -12,6 +12,7 @@ import torch
 
 from .data import DATA_SOURCES
 from .errors import ConfigError, ToggleUnavailable
+from .models.families import model_adapter
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
 
@@ -53,17 +54,21 @@ class RunConfig:
     peak_tflops: float | None = None
     """Dense peak TFLOP/s of the device for MFU; None uses scalekit's table (unknown device: MFU n/a)."""
     model: Callable[[], torch.nn.Module] | torch.nn.Module | None = None
-    """Your own model (or a function that builds one) instead of the built-in GPT."""
+    """Your own model (or a function that builds one) instead of the built-in GPT; a Hugging Face causal LM
+    (a PreTrainedModel, or scalekit.hf.causal_lm(...)) needs no batch_fn or loss_fn."""
     batch_fn: Callable[[int, torch.device], Any] | None = None
-    """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn."""
+    """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn (a Hugging Face model: the shipped corpus)."""
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
-    """With `model`: loss_fn(model, batch) -> scalar loss."""
+    """With `model`: loss_fn(model, batch) -> scalar loss (a Hugging Face model: its own `.loss`)."""
     tokens_per_sample: int = 1
     """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
     check_memory: bool = True
     """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """What was said when the config was made, e.g. the TrainingArguments fields from_training_arguments did not
+    map (kept here, not copied into results; not compared)."""
 
     def __post_init__(self) -> None:
         self.toggles = _normalise_toggles(self.toggles)
@@ -100,24 +105,29 @@ class RunConfig:
                 self.peak_tflops, numbers.Real) or not (0 < self.peak_tflops <= 1e5)):
             raise ConfigError(f"RunConfig.peak_tflops must be a positive number of TFLOP/s (at most 1e5) or None, "
                               f"got {self.peak_tflops!r}")
+        if not isinstance(self.notes, (tuple, list)) or not all(isinstance(n, str) for n in self.notes):
+            raise ConfigError(f"RunConfig.notes must be a tuple of strings, got {self.notes!r}")
         self._validate_model()
         self._validate_toggle_pairs()
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
-        if any(x is not None for x in custom) and not all(x is not None for x in custom):
-            raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model")
+        adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
+        if adapter is None and any(x is not None for x in custom) and not all(x is not None for x in custom):
+            raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model "
+                              "(a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a PreTrainedModel)")
         if self.model is None:
             return
         if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
-            raise ConfigError("RunConfig.model must be an nn.Module or a function returning one")
+            raise ConfigError("RunConfig.model must be an nn.Module or a function returning one (a transformers "
+                              "config: scalekit.hf.causal_lm(config))")
         for name in ("batch_fn", "loss_fn"):
-            if not callable(getattr(self, name)):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"RunConfig.{name} must be a function, got {type(getattr(self, name)).__name__}")
         for name in self.toggles:
-            if TOGGLES[name].gpt_only:
-                raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
-                                        f"own model (RunConfig.model)")
+            ok, why = TOGGLES[name].applies_to(adapter)
+            if not ok:
+                raise ToggleUnavailable(f"toggle {name!r} {why}")
 
     def _validate_toggle_pairs(self) -> None:
         for a, b, why in EXCLUSIVE:
@@ -141,10 +151,13 @@ class RunConfig:
         data = self.data if self.data != "auto" else p.data
         if self.custom_model:
             data = "custom"
-        batch = self.batch_size or p.batch_size
-        seq = self.seq_len or p.block_size
-        return dataclasses.replace(self, preset=preset, data=data, batch_size=batch, seq_len=seq,
-                                   toggles=dict(self.toggles), label=self.label or self.describe())
+        fields = dict(preset=preset, data=data, batch_size=self.batch_size or p.batch_size,
+                      seq_len=self.seq_len or p.block_size, toggles=dict(self.toggles),
+                      label=self.label or self.describe())
+        adapter = model_adapter(self.model)
+        if adapter is not None:  # the model's own limits and defaults (a Hugging Face model's context, its data)
+            fields.update(adapter.resolve(self, p))
+        return dataclasses.replace(self, **fields)
 
     def describe(self) -> str:
         if not self.toggles:
@@ -158,6 +171,27 @@ class RunConfig:
             ok, why = TOGGLES[name].available(hw)
             if not ok:
                 raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+
+    # -- Hugging Face TrainingArguments (scalekit.hf.arguments holds the table of what maps to what) ------------
+    @classmethod
+    def from_training_arguments(cls, args: Any, world_size: int | None = None, **fields) -> RunConfig:
+        """A RunConfig from a transformers TrainingArguments (or the dict of its keyword arguments): batch, accumulation,
+        checkpointing, precision, optimizer, data-loader, empty_cache and compile settings, lr and seed.  Every field
+        it does not map is listed in `notes`.  `world_size`: the processes the Trainer runs in (default: the
+        arguments' own world_size, 1 for a dict); `fields` set the rest (model=..., steps=...)."""
+        from .hf.arguments import run_config_fields
+
+        mapped, notes = run_config_fields(args, world_size)
+        notes = tuple(fields.pop("notes", ())) + tuple(notes)
+        return cls(**{**mapped, **fields}, notes=notes)
+
+    def to_training_arguments(self, world_size: int = 1) -> dict:
+        """Keyword arguments for transformers.TrainingArguments that run this config's settings (per-device
+        batch = batch_size / (grad_accum × world_size)).  Toggles TrainingArguments has no field for are named
+        in a warning (scalekit.hf.export_code writes the code for them)."""
+        from .hf.arguments import training_arguments
+
+        return training_arguments(self, world_size)
 
     def to_dict(self) -> dict:
         """The fields that describe the run, JSON-friendly (a custom model is named by its class)."""

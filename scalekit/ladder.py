@@ -13,6 +13,7 @@ from .config import RunConfig
 from .engine import run
 from .hardware import detect
 from .measure.results import RunResult
+from .models.families import model_adapter
 from .toggles import TOGGLES
 
 LADDER = ("tf32", "bf16", "compile", "sdpa", "nice_numbers", "fused_adamw")
@@ -34,6 +35,8 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
             break
         if name is not None:
             ok, why = TOGGLES[name].available(hw)
+            if ok and base.custom_model:  # your own model: a rung that changes the GPT needs the model's adapter
+                ok, why = TOGGLES[name].applies_to(model_adapter(base.model))
             if not ok:
                 result = RunResult(label=label, config={}, status="skipped", error=why, device=hw.device_name)
                 results.append(result)

@@ -24,6 +24,7 @@ from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
+from .models.families import model_adapter
 from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 
 
@@ -36,9 +37,11 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
     """Everything a run needs, built fresh, phase by phase (PHASES): after each phase's toggles, what that
     phase is for is built (BUILDERS): the batches, the model, the optimizer and its stepper."""
     torch.manual_seed(cfg.seed)
+    adapter = model_adapter(cfg.model)
     ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack,
                        world_size=distributed.world_size() if needs_process_group(cfg.toggles) else 1,
-                       gpt_config=None if cfg.custom_model else PRESETS[cfg.preset].gpt_config(cfg.seq_len))
+                       gpt_config=None if cfg.custom_model else PRESETS[cfg.preset].gpt_config(cfg.seq_len),
+                       model_adapter=None if adapter is None else adapter.copy())  # the toggles change the copy
     for phase in PHASES:
         apply_toggles(ctx, phase, cfg.toggles)
         if phase in BUILDERS:
@@ -48,14 +51,17 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
 
 def build_batches(ctx: BuildContext) -> None:
     cfg = ctx.config
-    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
+    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs, ctx.model_adapter)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
     ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
 
 
 def build_model(ctx: BuildContext) -> None:
     cfg = ctx.config
-    if cfg.custom_model:
+    if ctx.model_adapter is not None:  # a model family's own build (Hugging Face: the toggles' switches set)
+        model = ctx.model_adapter.build()
+        ctx.loss_fn = cfg.loss_fn or ctx.model_adapter.loss
+    elif cfg.custom_model:
         model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
         ctx.loss_fn = cfg.loss_fn
     else:
@@ -80,9 +86,11 @@ def build_optimizer(ctx: BuildContext) -> None:
 BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
 
 
-def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
-    if cfg.custom_model:
+def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict, adapter=None) -> Iterator:
+    if cfg.batch_fn is not None:
         return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
+    if adapter is not None:  # a model family's default batches (Hugging Face: the corpus as input_ids/labels)
+        return adapter.batches(cfg, device, loader_kwargs)
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
@@ -132,7 +140,8 @@ def flops_per_step(ctx: BuildContext) -> float | None:
         return per_token * tokens_per_step(cfg)
     # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
     with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
-        batch = cfg.batch_fn(cfg.batch_size, ctx.device)
+        batch = cfg.batch_fn(cfg.batch_size, ctx.device) if cfg.batch_fn is not None else \
+            next(ctx.model_adapter.batches(cfg, ctx.device, {}))
         counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
     ctx.base_model.zero_grad(set_to_none=True)
     return counted or None

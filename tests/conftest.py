@@ -4,6 +4,8 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# Hugging Face models are built from configs: nothing in the tests may reach for the Hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 FORKING_MODULES = ("test_launch", "test_distributed")

@@ -31,7 +31,8 @@ from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
 
 # toggles the trace runs as they are; the others are left out of it and accounted for by the caller
-TRACED = ("tf32", "bf16", "fp16", "drop_last", "checkpointing", "fused_adamw", "optim", "grad_accum")
+TRACED = ("tf32", "bf16", "fp16", "drop_last", "sdpa", "nice_numbers", "checkpointing", "fused_adamw", "optim",
+          "grad_accum")  # sdpa and nice_numbers reach a traced model only through its adapter (Hugging Face)
 
 
 def planning_hardware(device_type: str) -> Hardware:
@@ -54,6 +55,10 @@ def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
     if optim in EIGHT_BIT:
         del toggles["optim"]  # traced with AdamW; the 8-bit state is counted from the shapes below
     traced_cfg = dataclasses.replace(cfg, toggles=toggles)
+    if cfg.batch_fn is None and cfg.custom_model:
+        # a model family's default batches (Hugging Face: windows of the corpus) come from a DataLoader, which
+        # reads real numbers; token values change no tensor's size, so the trace takes random tokens instead
+        traced_cfg = dataclasses.replace(traced_cfg, data="synthetic")
     with FakeTensorMode(allow_non_fake_inputs=True), contextlib.ExitStack() as stack:
         try:
             step = _trace(traced_cfg, planning_hardware(device_type), stack)

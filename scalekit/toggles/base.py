@@ -80,6 +80,7 @@ class BuildContext:
     batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
     # -- model -----------------------------------------------------------------------------------------
     gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)
+    model_adapter: Any = None  # a model family's ModelAdapter (scalekit.hf for Hugging Face): how toggles change it
     base_model: torch.nn.Module | None = None  # the model as built, unwrapped: FLOPs, memory, checkpoints
     model: torch.nn.Module | None = None  # what the step calls: base_model under its wrappers
     blocks: torch.nn.Module | None = None  # the repeated blocks (models.blocks.find_blocks), or None
@@ -109,7 +110,7 @@ class Toggle:
     phase: str = ""  # one of PHASES
     loops: tuple[str, ...] = ("train",)  # the loops it applies to (LOOPS)
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
-    gpt_only: bool = False  # needs the built-in GPT (changes its architecture or data)
+    gpt_only: bool = False  # changes the built-in GPT's architecture: another model needs an adapter that can
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
 
     def available(self, hw) -> tuple[bool, str]:
@@ -120,6 +121,15 @@ class Toggle:
         """What `available` would answer in each rank of a multi-process launch (the Lab and CLI launch
         toggles that need several processes); the same answer for toggles that do not."""
         return self.available(hw)
+
+    def applies_to(self, adapter: Any) -> tuple[bool, str]:
+        """Whether it applies to a model other than the built-in GPT (RunConfig.model): `adapter` is that model's
+        family adapter (scalekit.models.adapter.ModelAdapter), or None for a plain nn.Module; (False, why) if not,
+        `why` said of the toggle ("changes the built-in GPT ...")."""
+        if self.gpt_only:
+            return False, ("changes the built-in GPT and does not apply to your own model (RunConfig.model): a plain "
+                           "nn.Module has no adapter that says how to make that change")
+        return True, ""
 
     def validate(self, value: Any) -> Any:
         """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values."""

@@ -79,16 +79,24 @@ class Checkpointing(CountToggle):
         if blocks is None:
             raise ToggleUnavailable("checkpointing needs repeated blocks: your model has no nn.ModuleList or "
                                     "nn.Sequential to checkpoint")
+        adapter = ctx.model_adapter  # a model family with its own way to checkpoint (Hugging Face), or None
         if value == SEQUENTIAL:
+            ok, why = adapter.sequential_checkpoint_support() if adapter is not None else (True, "")
+            if not ok:
+                raise ToggleUnavailable(f"checkpointing='sequential': {why}")
             segments = min(sequential_segments(len(blocks)), len(blocks))
             checkpoint_all_sequential(blocks, segments)
             ctx.notes.append(f"checkpoint_sequential: {len(blocks)} blocks in {segments} segments "
                              f"(the last one not checkpointed)")
             return
-        chosen = checkpoint_every(blocks, value)
-        if not chosen:
+        if value > len(blocks):
             raise ConfigError(f"RunConfig.toggles['checkpointing']={value}: the model has only {len(blocks)} "
                               f"blocks, so no block is a multiple of {value}; allowed: 1 to {len(blocks)}")
+        own = adapter.checkpoint(ctx.base_model, value) if adapter is not None else None
+        if own is not None:  # done the family's way (Hugging Face: activation_checkpointing_enable)
+            ctx.notes.append(own)
+            return
+        chosen = checkpoint_every(blocks, value)
         if value > 1:
             ctx.notes.append(f"checkpointing {len(chosen)} of {len(blocks)} blocks")
 

@@ -19,13 +19,21 @@ class NiceNumbers(Toggle):
     helps_when = "matmul dimensions are odd: kernels work in tiles, and ragged edges waste a whole tile"
     group = "shapes"
     phase = "model_config"
-    gpt_only = True
+    gpt_only = True  # the built-in GPT's vocabulary, or a model family's (Hugging Face: resize_token_embeddings)
+
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        return super().applies_to(adapter) if adapter is None else adapter.vocab_padding_support()
 
     def apply(self, ctx: BuildContext, value) -> None:
         cfg = ctx.gpt_config
-        cfg.padded_vocab_size = round_up(cfg.vocab_size, VOCAB_MULTIPLE)
-        if cfg.padded_vocab_size != cfg.vocab_size:
-            ctx.notes.append(f"vocab padded {cfg.vocab_size} → {cfg.padded_vocab_size}")
+        if cfg is not None:
+            cfg.padded_vocab_size = round_up(cfg.vocab_size, VOCAB_MULTIPLE)
+            if cfg.padded_vocab_size != cfg.vocab_size:
+                ctx.notes.append(f"vocab padded {cfg.vocab_size} → {cfg.padded_vocab_size}")
+        else:  # Hugging Face: resize_token_embeddings(..., pad_to_multiple_of=64) once the model is built
+            ctx.model_adapter.pad_vocab(VOCAB_MULTIPLE)
+            ctx.notes.append(f"vocab padded to a multiple of {VOCAB_MULTIPLE} by the model's own resize (the padded "
+                             f"rows' logits are not masked, as in Transformers)")
         for field in ("batch_size", "seq_len"):
             value_ = getattr(ctx.config, field)
             if value_ % SHAPE_MULTIPLE:

@@ -12,10 +12,16 @@ class SDPA(Toggle):
     helps_when = "sequences are long: the T×T attention matrix is never written to memory"
     group = "kernels"
     phase = "model_config"
-    gpt_only = True
+    gpt_only = True  # the built-in GPT's switch, or a model family's (Hugging Face: attn_implementation)
+
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        return super().applies_to(adapter) if adapter is None else adapter.attention_support()
 
     def apply(self, ctx: BuildContext, value) -> None:
-        ctx.gpt_config.attention = "sdpa"
+        if ctx.gpt_config is not None:
+            ctx.gpt_config.attention = "sdpa"
+        else:  # a model family's own switch: Hugging Face builds with attn_implementation="sdpa"
+            ctx.model_adapter.set_attention("sdpa")
 
 
 TOGGLE = SDPA()

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
+from ..models.families import model_adapter
 from ..plots import memory_breakdown_figure
 from ..toggles import TOGGLES, needs_process_group
 from .panel import TogglePanel
@@ -91,7 +92,8 @@ class Lab:
     def _make_controls(self, steps: int) -> None:
         """The toggle panel, Run/Stop, the run's sizes and the save buttons."""
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
-        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True)
+        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True,
+                                 adapter=model_adapter(self.base_config.model))  # what a Hugging Face model can change
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
@@ -270,6 +272,36 @@ class Lab:
                 self._log_exception()
             finally:
                 self._lock_controls(False)  # the Lab stays usable, whatever happened
+
+    def trainer_callback(self, label: str = "HF Trainer", **kwargs):
+        """A transformers TrainerCallback (scalekit.hf.ScalekitCallback) that shows a Trainer run in this Lab: its
+        steps reach the live plots at the Trainer's logging steps, its result the table, as a run of the Lab's
+        own would.  `kwargs` go to ScalekitCallback (warmup_steps, peak_tflops, ...)."""
+        from ..hf.callback import ScalekitCallback
+
+        self._number += 1
+        number, key = self._number, f"#{self._number} {label}"
+        done, cost = threading.Event(), ViewCost()
+        view = threading.Thread(target=self._view, args=(done, cost), name=f"scalekit-lab-view-{number}", daemon=True)
+        self.view_costs[number] = cost
+        t0 = time.perf_counter()
+
+        def on_step(record: StepRecord) -> None:
+            if not view.is_alive() and not done.is_set():
+                self._set_status(f"{key}: running in the Trainer")
+                view.start()
+            self.plots.add(key, record)
+            self._steps_seen = record.step + 1
+
+        def on_result(result: RunResult) -> None:
+            cost.run_wall_s = time.perf_counter() - t0
+            done.set()
+            if view.is_alive():
+                view.join()
+            self.plots.flush()
+            self._finish(number, key, result)
+
+        return ScalekitCallback(label=label, on_step=on_step, on_result=on_result, **kwargs)
 
     def _launch(self, cfg: RunConfig, on_step, on_status) -> RunResult:
         """Run `cfg` in `processes` ranks; its steps reach the plots when the ranks are done (they run in

@@ -74,11 +74,14 @@ def control_sets(toggles: Sequence[Toggle], exclusive) -> list[list[Toggle]]:
     return sets
 
 
-def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False) -> str:
+def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False, adapter=None) -> str:
     """Why `toggle` cannot be switched on here ("" if it can).  With `launches`, the panel's owner starts
-    the processes a toggle like ddp needs, so it is asked as a rank of such a launch would be."""
-    if custom_model and toggle.gpt_only:
-        return "changes the built-in GPT, so it does not apply to your own model"
+    the processes a toggle like ddp needs, so it is asked as a rank of such a launch would be.  `adapter`:
+    the model family's adapter of a custom model (Hugging Face), which says what it can change."""
+    if custom_model:
+        ok, why = toggle.applies_to(adapter)
+        if not ok:
+            return why
     needs_ranks = launches and toggle.needs_process_group
     ok, why = toggle.available_in_ranks(hw) if needs_ranks else toggle.available(hw)
     return "" if ok else (why or "unavailable on this machine")
@@ -133,14 +136,15 @@ class TogglePanel:
     """The controls, grouped, and what they select."""
 
     def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=EXCLUSIVE,
-                 launches: bool = False):
+                 launches: bool = False, adapter=None):
         self.controls: dict[str, ToggleControl] = {}
         self.exclusive = exclusive
         names = {t.name for t in toggles}
         groups: dict[str, list[w.Widget]] = {}
         for members in control_sets(toggles, exclusive):
             t = members[0]
-            reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches))}
+            reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches,
+                                                                                   adapter))}
             if len(members) > 1:
                 # named after its group unless that name is taken (by a toggle, or another set in the group)
                 key = t.group if t.group and t.group not in names and t.group not in self.controls \
