@@ -1,4 +1,4 @@
-"""`scalekit` on the command line: ladder, bench, doctor."""
+"""`scalekit` on the command line: ladder, bench, plan, export, doctor, toggles, launch."""
 
 from __future__ import annotations
 
@@ -40,12 +40,27 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
     p.add_argument("--no-memory-check", dest="check_memory", action="store_false",
                    help="run even when the planned peak memory is over twice this machine's")
+    p.add_argument("--hf-model", default=None, metavar="FAMILY",
+                   help="a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
+                        "scalekit's GPT (needs transformers)")
 
 
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory)
+                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory,
+                     model=_hf_model(args), **({"lr": args.lr} if getattr(args, "lr", None) is not None else {}))
+
+
+def _hf_model(args):
+    """--hf-model FAMILY: scalekit.hf.causal_lm(FAMILY) in the shape of --preset (auto: this machine's default)."""
+    if args.hf_model is None:
+        return None
+    from .hardware import detect
+    from .hf import causal_lm
+
+    preset = RunConfig(preset=args.preset).resolve(detect(args.device)).preset if args.preset == "auto" else args.preset
+    return causal_lm(args.hf_model, preset=preset)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,6 +82,15 @@ def parser() -> argparse.ArgumentParser:
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                       help="as for bench")
+    export = sub.add_parser("export", help="print the code that trains with these toggles in Transformers, "
+                                           "Accelerate or Lightning")
+    export.add_argument("target", choices=["hf", "accelerate", "lightning"], help="the framework to write code for")
+    _run_options(export)
+    export.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                        help="as for bench")
+    export.add_argument("--lr", type=float, default=None, help="learning rate (default: RunConfig's, 1e-3)")
+    export.add_argument("--world-size", type=int, default=1, metavar="N",
+                        help="processes the framework runs in, for ddp/fsdp/deepspeed (default 1)")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
@@ -77,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
 
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
          "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
-         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check"}
+         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check",
+         "model": "--hf-model", "lr": "--lr"}
 
 
 def flag_names(message: str) -> str:
@@ -161,6 +186,13 @@ def cmd_plan(args, stop) -> int:
     return 0
 
 
+def cmd_export(args, stop) -> int:
+    from .hf.export import export_code
+
+    print(export_code(_config(args, dict(args.toggle)), args.target, world_size=args.world_size), end="")
+    return 0
+
+
 def cmd_doctor(args, stop) -> int:
     from .doctor import facts
     from .report import facts_table
@@ -194,7 +226,7 @@ def toggle_page(t) -> str:
 
 
 COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
-            "doctor": cmd_doctor, "toggles": cmd_toggles}
+            "doctor": cmd_doctor, "toggles": cmd_toggles, "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())
