@@ -6,16 +6,17 @@ a Trainer callback that measures a Trainer run the way scalekit measures its own
     cfg = RunConfig.from_training_arguments(args, model=spec)   # and cfg.to_training_arguments()
     trainer = Trainer(..., callbacks=[scalekit.hf.ScalekitCallback()])
 
-Only `scalekit.hf.model` is imported with the package: it needs no transformers until a model is built.  The
+Only `scalekit.hf.model` and `scalekit.hf.data` are imported with the package: it needs no transformers until a model is built.  The
 callback (a transformers.TrainerCallback) and the exporters load when first asked for.
 """
 
 from __future__ import annotations
 
+from .data import CorpusDataset
 from .model import FAMILIES, HFCausalLM, causal_lm, is_hf_config, is_hf_model, model_config
 
-__all__ = ["FAMILIES", "HFCausalLM", "ScalekitCallback", "causal_lm", "export_code", "is_hf_config", "is_hf_model",
-           "model_config"]
+__all__ = ["FAMILIES", "CorpusDataset", "HFCausalLM", "ScalekitCallback", "causal_lm", "export_code", "is_hf_config",
+           "is_hf_model", "model_config"]
 
 
 def __getattr__(name):

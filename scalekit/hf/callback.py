@@ -1,0 +1,209 @@
+"""ScalekitCallback: scalekit's measurements of a Hugging Face Trainer run, from inside the Trainer.
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ScalekitCallback()])
+    trainer.train()
+    callback.result            # a RunResult: step time (median, spread), tokens/s, MFU, peak memory, loss
+
+It measures as scalekit's own loop does:
+- each optimizer step is timed from the Trainer's on_step_begin to its on_step_end (the forward and backward of
+  every micro-batch, clipping, the update), with CUDA events on a GPU, read only at sync points: the Trainer's
+  logging steps, where it has just read the loss (`.item()`) itself.  The batches for a step are fetched before
+  on_step_begin, so loading them is not in step_ms; tokens_per_s_wall (tokens over the wall time of the
+  measured steps) includes it and everything else the Trainer does between steps;
+- the first `warmup_steps` steps are not measured;
+- the loss is the value the Trainer logs at its logging steps (its mean since the last log): the callback adds
+  no sync of its own between measured steps (one at the end of the warm-up, one after the last step);
+- tokens are counted from the input_ids the model is called with (a forward pre-hook: a shape, not a value);
+- FLOPs for MFU are counted by torch's FlopCounterMode over the first warm-up step (a compiled model is
+  counted as torch sees it; pass flops_per_step to set them), and on a CPU the peak memory is the live tensor
+  bytes over the second warm-up step (weights, optimizer state and what the step allocates), as scalekit
+  probes its own runs; on a GPU the allocator's max_memory_allocated over the measured steps.
+Only warm-up steps carry the FLOP count and the memory probe, so the measured steps run untouched.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import TrainerCallback
+
+from ..errors import ConfigError
+from ..hardware import detect
+from ..measure import memory
+from ..measure.flops import mfu
+from ..measure.results import RunResult, StepRecord
+from ..measure.timing import Spread, step_timer, synchronize
+
+
+class ScalekitCallback(TrainerCallback):
+    """Step time, tokens/s, MFU, memory and loss of a Trainer run, measured the way scalekit measures (above)."""
+
+    def __init__(self, warmup_steps: int = 3, label: str = "HF Trainer", on_step: Callable | None = None,
+                 on_result: Callable | None = None, peak_tflops: float | None = None,
+                 flops_per_step: float | None = None, measure_memory: bool = True):
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ConfigError(f"ScalekitCallback.warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.warmup_steps, self.label = warmup_steps, label
+        self.on_step, self.on_result = on_step, on_result  # each StepRecord at the Trainer's logging steps; the end
+        self.peak_tflops, self.flops_per_step, self.measure_memory = peak_tflops, flops_per_step, measure_memory
+        self.result: RunResult | None = None
+        self.own_s = 0.0  # time spent in this callback's own code (benchmarks/hf_callback_overhead.py reads it)
+
+    # -- the Trainer's events --------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        t0 = time.perf_counter()
+        self.device = torch.device(args.device)
+        self.hw = detect(str(self.device))
+        self.timer = step_timer(self.device)
+        self.model, self.optimizer = model, getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+        self.tokens_seen, self.step_tokens, self.first = 0, [], 0
+        self.wall_t0 = self.wall_end = time.perf_counter() if self.warmup_steps == 0 else None
+        self.probe: Any = None
+        self.counted_flops: float | None = self.flops_per_step
+        self.hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
+        self.result = RunResult(label=self.label, config=_args_summary(args), device=self.hw.device_name,
+                                torch_version=torch.__version__)
+        self.own_s += time.perf_counter() - t0
+
+    def _count_tokens(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor):
+            self.tokens_seen += ids.numel()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        t0 = time.perf_counter()
+        step = state.global_step - self.first_global_step(state)
+        self.tokens_at_begin = self.tokens_seen
+        self._start_probe(step)
+        self.own_s += time.perf_counter() - t0
+        self.timer.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.timer.stop()
+        t0 = time.perf_counter()
+        self._end_probe()
+        self.step_tokens.append(self.tokens_seen - self.tokens_at_begin)
+        done = len(self.step_tokens)
+        if done == self.warmup_steps or done == state.max_steps - self.first_global_step(state):
+            synchronize(self.device)  # the warm-up's end, or the last step's: once each, never in between
+        if done == self.warmup_steps:
+            memory.cuda_memory_reset(self.device)
+            self.wall_t0 = time.perf_counter()
+        self.wall_end = time.perf_counter()
+        self.own_s += time.perf_counter() - t0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        t0 = time.perf_counter()
+        loss = (logs or {}).get("loss")
+        if loss is not None:  # a training log: the Trainer has just waited for the device to read it
+            self._report(float(loss))
+        self.own_s += time.perf_counter() - t0
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._report(None)
+        synchronize(self.device)
+        self.hook.remove()
+        _summarise(self, self.result)
+        if self.on_result is not None:
+            self.on_result(self.result)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def first_global_step(self, state) -> int:
+        """The Trainer's global_step when this callback saw its first step (a resumed run starts above 0)."""
+        if not hasattr(self, "_first_global"):
+            self._first_global = state.global_step
+        return self._first_global
+
+    def _start_probe(self, step: int) -> None:
+        """FLOPs on the first warm-up step; live tensor bytes on the second (CPU): never on a measured step."""
+        if step == 0 and self.counted_flops is None and self.warmup_steps >= 1:
+            self.probe = FlopCounterMode(display=False)
+        elif step == 1 and self.device.type == "cpu" and self.measure_memory and self.warmup_steps >= 2:
+            baseline = [*self.model.parameters(), *self.model.buffers(),
+                        *memory.optimizer_state_tensors(self.optimizer)]
+            self.probe = memory.LiveTensorBytes(baseline, devices=("cpu",))
+            self.grads = memory.GradBytesAtStep(self.optimizer)
+        else:
+            return
+        self.probe.__enter__()
+
+    def _end_probe(self) -> None:
+        if self.probe is None:
+            return
+        probe, self.probe = self.probe, None
+        probe.__exit__(None, None, None)
+        if isinstance(probe, FlopCounterMode):
+            self.counted_flops = float(probe.get_total_flops()) or None
+        else:
+            self._memory_breakdown(probe.peak_bytes)
+
+    def _memory_breakdown(self, peak: int) -> None:
+        r = self.result
+        r.peak_mem_bytes = peak
+        r.mem_source = "live tensor bytes over the second warm-up step (CPU has no allocator statistics)"
+        r.params_bytes = memory.storage_bytes([*self.model.parameters(), *self.model.buffers()])
+        r.grads_bytes = self.grads.grads_bytes
+        r.optimizer_state_bytes = memory.storage_bytes(memory.optimizer_state_tensors(self.optimizer))
+        if r.grads_bytes is not None:
+            r.activations_bytes = max(0, peak - r.params_bytes - r.grads_bytes - r.optimizer_state_bytes)
+
+    def _report(self, loss: float | None) -> None:
+        """Turn the steps timed since the last sync point into StepRecords (the last one carries the loss)."""
+        times = self.timer.collect()
+        mem = memory.current_bytes(self.device)
+        for k, ms in enumerate(times):
+            j = self.first + k
+            tokens = self.step_tokens[j]
+            last = k == len(times) - 1 and loss is not None
+            record = StepRecord(step=j, warmup=j < self.warmup_steps, step_ms=ms, tokens_per_s=tokens / (ms / 1e3),
+                                loss=loss if last else None, mem_bytes=mem if last else None, tokens=tokens)
+            self.result.steps.append(record)
+            if self.on_step is not None:
+                self.on_step(record)
+        if times and loss is not None:
+            self.result.losses.append((self.first + len(times) - 1, loss))
+        self.first += len(times)
+
+
+def _args_summary(args) -> dict:
+    """The TrainingArguments that decide what a step does, for the result's config."""
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32", "optim",
+            "activation_checkpointing", "torch_compile", "torch_compile_mode", "learning_rate", "seed", "max_steps")
+    summary = {k: str(getattr(args, k, None)) if k == "optim" else getattr(args, k, None) for k in keys}
+    # sequences per optimizer step over every process, as RunConfig.batch_size counts them
+    summary["batch_size"] = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    return summary
+
+
+def _summarise(cb: ScalekitCallback, r: RunResult) -> None:
+    measured = [s for s in r.steps if not s.warmup]
+    r.step_ms = Spread.of([s.step_ms for s in measured])
+    r.first_step_ms = r.steps[0].step_ms if r.steps else None
+    r.flops_per_step = cb.counted_flops
+    if not measured:
+        r.notes.append(f"no measured steps: the run had {len(r.steps)} steps, warmup_steps={cb.warmup_steps}")
+        return
+    sizes = {s.tokens for s in measured}
+    if len(sizes) == 1:
+        r.tokens_per_step = sizes.pop()
+        r.tokens_per_s = r.tokens_per_step / (r.step_ms.median / 1e3)
+    else:  # a short last batch: the median of each step's own rate
+        r.tokens_per_s = statistics.median(s.tokens_per_s for s in measured)
+        r.notes.append("steps differed in tokens: tokens/s is the median of each step's tokens/s")
+    if cb.wall_t0 is not None and cb.wall_end > cb.wall_t0:
+        r.tokens_per_s_wall = sum(s.tokens for s in measured) / (cb.wall_end - cb.wall_t0)
+    dtype = "bf16" if cb.result.config.get("bf16") else "fp16" if cb.result.config.get("fp16") else \
+        "tf32" if cb.result.config.get("tf32") else "fp32"
+    r.peak_tflops, why = (cb.peak_tflops, "peak_tflops given") if cb.peak_tflops else cb.hw.peak_tflops(dtype)
+    r.mfu = mfu(r.flops_per_step, r.step_ms.median / 1e3, r.peak_tflops)
+    r.mfu_note = why if r.mfu is not None else f"n/a: {why}"
+    if cb.device.type == "cuda":
+        r.peak_mem_bytes, r.peak_mem_reserved_bytes = memory.cuda_peak(cb.device)
+        r.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
+    if r.losses:
+        r.final_loss = r.losses[-1][1]
