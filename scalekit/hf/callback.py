@@ -62,6 +62,7 @@ class ScalekitCallback(TrainerCallback):
         self.timer = step_timer(self.device)
         self.model, self.optimizer = model, getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
         self.tokens_seen, self.step_tokens, self.first = 0, [], 0
+        self.first_global = state.global_step  # a resumed run starts above 0
         self.wall_t0 = self.wall_end = time.perf_counter() if self.warmup_steps == 0 else None
         self.probe: Any = None
         self.counted_flops: float | None = self.flops_per_step
@@ -77,7 +78,7 @@ class ScalekitCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         t0 = time.perf_counter()
-        step = state.global_step - self.first_global_step(state)
+        step = state.global_step - self.first_global
         self.tokens_at_begin = self.tokens_seen
         self._start_probe(step)
         self.own_s += time.perf_counter() - t0
@@ -89,7 +90,7 @@ class ScalekitCallback(TrainerCallback):
         self._end_probe()
         self.step_tokens.append(self.tokens_seen - self.tokens_at_begin)
         done = len(self.step_tokens)
-        if done == self.warmup_steps or done == state.max_steps - self.first_global_step(state):
+        if done == self.warmup_steps or done == state.max_steps - self.first_global:
             synchronize(self.device)  # the warm-up's end, or the last step's: once each, never in between
         if done == self.warmup_steps:
             memory.cuda_memory_reset(self.device)
@@ -113,12 +114,6 @@ class ScalekitCallback(TrainerCallback):
             self.on_result(self.result)
 
     # -- helpers -------------------------------------------------------------------------------------------
-    def first_global_step(self, state) -> int:
-        """The Trainer's global_step when this callback saw its first step (a resumed run starts above 0)."""
-        if not hasattr(self, "_first_global"):
-            self._first_global = state.global_step
-        return self._first_global
-
     def _start_probe(self, step: int) -> None:
         """FLOPs on the first warm-up step; live tensor bytes on the second (CPU): never on a measured step."""
         if step == 0 and self.counted_flops is None and self.warmup_steps >= 1:
