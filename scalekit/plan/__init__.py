@@ -41,6 +41,10 @@ NOTES = {
     "compile": "compile fuses ops and can keep less; this plan is for eager execution",
     "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
+    # generation toggles: in a training run they act on the evaluation between steps (eval_every), not a step
+    "inference_mode": "inference_mode applies to the evaluation (eval_every), not to a training step",
+    "kv_cache": "kv_cache applies to the evaluation's sample (eval_every), not to a training step",
+    "quantize": "quantize applies to generation only (scalekit.generate): it never runs in a training step",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]

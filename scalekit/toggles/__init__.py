@@ -15,8 +15,11 @@ from . import (
     fsdp,
     fused_adamw,
     grad_accum,
+    inference_mode,
+    kv_cache,
     nice_numbers,
     optim,
+    quantize,
     sdpa,
     tf32,
 )
@@ -29,6 +32,9 @@ from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
 # the wrapper that shards sees compiled blocks; cpu_offload is a policy fsdp reads, so it comes just before
 # it); then the optimizer, which must see the final parameters; last the per-step behaviour (accumulation,
 # hooks after each step, and DeepSpeed, which takes over the model and optimizer built above).
+# Generation walks the same phases (loop="generate") with the toggles that apply to it: kv_cache is an
+# architecture choice, read by compile after it; quantize swaps the blocks' linear layers before compile
+# wraps the model; inference_mode is the context the decode loop runs in.
 ORDER: tuple[Toggle, ...] = (
     tf32.TOGGLE,
     bf16.TOGGLE,
@@ -36,7 +42,9 @@ ORDER: tuple[Toggle, ...] = (
     drop_last.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
+    kv_cache.TOGGLE,
     optim.TOGGLE,
+    quantize.TOGGLE,
     checkpointing.TOGGLE,
     compile.TOGGLE,
     ddp.TOGGLE,
@@ -45,6 +53,7 @@ ORDER: tuple[Toggle, ...] = (
     fused_adamw.TOGGLE,
     grad_accum.TOGGLE,
     empty_cache_steps.TOGGLE,
+    inference_mode.TOGGLE,
     deepspeed.TOGGLE,
 )
 TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}

@@ -94,6 +94,12 @@ class BuildContext:
     stepper: Any = None  # backward(loss, boundary) and step(): OptimizerStep, or an engine that owns them
     grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
+    # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
+    inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under
+    kv_cache: str | None = None  # the KV cache decode keeps ("dynamic", "static"); None: re-read the sequence
+    reference_model: torch.nn.Module | None = None  # the model as built, before wrap-phase toggles changed it
+    built_weight_bytes: int | None = None  # bytes of the weights as built, before quantization changed them
+    evaluator: Any = None  # evaluation run between training steps, untimed (RunConfig.eval_every), or None
     notes: list[str] = field(default_factory=list)  # said beside the run's results
 
 
@@ -111,10 +117,16 @@ class Toggle:
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
     gpt_only: bool = False  # needs the built-in GPT (changes its architecture or data)
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
+    changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
 
     def available(self, hw) -> tuple[bool, str]:
         """(True, "") or (False, the reason in plain words)."""
         return True, ""
+
+    def choice_available(self, hw, value: Any) -> tuple[bool, str]:
+        """Whether this toggle can run with `value` (one of its choices) here; by default what `available` says.
+        A toggle whose modes need different libraries or devices (quantization methods) answers per mode."""
+        return self.available(hw)
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         """What `available` would answer in each rank of a multi-process launch (the Lab and CLI launch
