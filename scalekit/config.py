@@ -64,6 +64,12 @@ class RunConfig:
     """Name of the run in tables and plots (None: made from the toggles)."""
     check_memory: bool = True
     """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
+    eval_every: int = 0
+    """Evaluate every this many measured steps (0: never): held-out loss under the generation toggles, untimed."""
+    eval_batches: int = 2
+    """Held-out batches each evaluation reads."""
+    eval_new_tokens: int = 0
+    """With eval_every: tokens of a greedy sample each evaluation writes (built-in GPT on the shipped corpus)."""
 
     def __post_init__(self) -> None:
         self.toggles = _normalise_toggles(self.toggles)
@@ -102,6 +108,7 @@ class RunConfig:
                               f"got {self.peak_tflops!r}")
         self._validate_model()
         self._validate_toggle_pairs()
+        self._validate_loops()
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
@@ -126,6 +133,22 @@ class RunConfig:
         for a, b, why in REQUIRES:
             if a in self.toggles and b not in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} needs {b!r} on too: {why}")
+
+    def _validate_loops(self) -> None:
+        """Toggles that apply to generation only act on a training run's evaluation (eval_every); none may
+        replace the weights of the model being trained."""
+        for name in self.toggles:
+            toggle = TOGGLES[name]
+            if "train" in toggle.loops:
+                continue
+            if toggle.changes_weights:
+                raise ConfigError(f"RunConfig.toggles: {name!r} replaces the model's weights and applies to "
+                                  f"generation (scalekit.generate, `scalekit generate`), not to a model in training")
+            if not self.eval_every:
+                raise ConfigError(f"RunConfig.toggles: {name!r} applies to generation; in a training run it acts on "
+                                  f"the evaluation: set RunConfig.eval_every (or use scalekit.generate)")
+        if self.eval_new_tokens and not self.eval_every:
+            raise ConfigError("RunConfig.eval_new_tokens writes a sample at each evaluation: set RunConfig.eval_every too")
 
     @property
     def custom_model(self) -> bool:
@@ -179,6 +202,9 @@ INT_RANGES = {
     "log_every": (1, 10**8),
     "tokens_per_sample": (1, 2**30),
     "seed": (0, 2**63 - 1),
+    "eval_every": (0, 10**8),
+    "eval_batches": (1, 10**4),
+    "eval_new_tokens": (0, 10**5),
 }
 LR_RANGE = (1e-8, 1.0)
 

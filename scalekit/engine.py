@@ -175,7 +175,8 @@ class StepLog:
         self._report(None, None)
         synchronize(self.ctx.device)
         if self.wall_t0 is not None:
-            self.result.tokens_per_s_wall = self.measured_tokens / (time.perf_counter() - self.wall_t0)
+            self.result.measured_wall_s = time.perf_counter() - self.wall_t0
+            self.result.tokens_per_s_wall = self.measured_tokens / self.result.measured_wall_s
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
@@ -202,6 +203,8 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
                 hook(i)
             log.timer.stop()
             log.add(loss, tokens)
+            if ctx.evaluator is not None:  # between steps: outside their times, inside the wall time
+                ctx.evaluator.maybe_run(i, result)
             warm = i < cfg.warmup_steps
             if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:
                 if not log.sync(i):
@@ -247,6 +250,8 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
         result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
     if result.losses:
         result.final_loss = result.losses[-1][1]
+    if result.eval_s is not None and result.measured_wall_s:
+        result.eval_share = result.eval_s / result.measured_wall_s
 
 
 def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:

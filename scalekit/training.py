@@ -20,6 +20,7 @@ from . import distributed, hardware
 from .config import RunConfig
 from .data import shakespeare_batches, synthetic_batches
 from .errors import ConfigError
+from .inference.evaluate import build_evaluator
 from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
@@ -76,8 +77,10 @@ def build_optimizer(ctx: BuildContext) -> None:
     ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
 
 
-# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves).
-BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
+# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves);
+# after the last, the evaluation a run with eval_every makes between its steps.
+BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer,
+            "step": build_evaluator}
 
 
 def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:

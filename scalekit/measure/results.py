@@ -62,6 +62,11 @@ class RunResult:
     mfu_note: str = ""
     final_loss: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
+    # evaluation during training (RunConfig.eval_every): each one's step, held-out loss, time (and sample)
+    evals: list[dict] = field(default_factory=list)
+    eval_s: float | None = None  # time the evaluations took, outside the steps' times
+    measured_wall_s: float | None = None  # wall time of the measured loop, evaluations included
+    eval_share: float | None = None  # eval_s / measured_wall_s
     notes: list[str] = field(default_factory=list)
 
     @property
