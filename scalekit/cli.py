@@ -42,6 +42,45 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    help="run even when the planned peak memory is over twice this machine's")
 
 
+def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
+    """Options of `scalekit generate`; the inference ladder takes them too (the training ladder ignores them)."""
+    what = "inference ladder: " if ladder else ""
+    p.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                   help=f"{what}a prompt (repeatable: a batch of prompts; default 'ROMEO:')")
+    p.add_argument("--max-new-tokens", type=int, default=200, help=f"{what}tokens generated per prompt (default 200)")
+    p.add_argument("--model", default=None, help=f"{what}shakespeare-char (the shipped model, default) or a preset "
+                                                 f"name for random weights")
+    if ladder:
+        return
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
+    p.add_argument("--top-k", type=int, default=None, help="with sampling: draw from the k most likely tokens")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the unmeasured warm-up (default 8)")
+    p.add_argument("--no-quality", dest="quality", action="store_false",
+                   help="skip perplexity and agreement on held-out text")
+
+
+def _generate_config(args, toggles, ladder: bool = False):
+    from .inference import GenerateConfig
+
+    if ladder:  # the ladder's shared run options: only preset (as the model), device, seed and batch apply
+        unused = [flag for flag, value, default in (("--seq-len", args.seq_len, None), ("--steps", args.steps, 20),
+                  ("--data", args.data, "auto"), ("--warmup-steps", args.warmup_steps, 3)) if value != default]
+        if unused:
+            raise ConfigError(f"scalekit ladder inference: {', '.join(unused)} set how training is measured; the "
+                              f"inference ladder takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
+                              f"the prompt), --device and --seed")
+        model = args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
+        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens, device=args.device,
+                              seed=args.seed)
+    return GenerateConfig(model=args.model or "shakespeare-char", prompts=args.prompt or ["ROMEO:"],
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          seed=args.seed, toggles=toggles, device=args.device, warmup_tokens=args.warmup_tokens,
+                          quality=args.quality)
+
+
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
@@ -56,6 +95,7 @@ def parser() -> argparse.ArgumentParser:
                      help="which ladder (default: train)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
+    _generate_options(lad, ladder=True)
     bench = sub.add_parser("bench", help="measure one configuration")
     _run_options(bench)
     bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
@@ -67,6 +107,13 @@ def parser() -> argparse.ArgumentParser:
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                       help="as for bench")
+    gen = sub.add_parser("generate", help="generate text from the built-in GPT and measure it (prefill, "
+                                          "per-token latency, tokens/s, weight and KV-cache bytes, quality)")
+    _generate_options(gen)
+    gen.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                     help="switch an inference optimization on (repeatable): inference_mode, kv_cache[=static], "
+                          "compile, sdpa, bf16, tf32, quantize=METHOD")
+    gen.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
@@ -75,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",
+                  "temperature": "--temperature", "top_k": "--top-k", "seed": "--seed", "device": "--device",
+                  "warmup_tokens": "--warmup-tokens", "toggles": "--toggle"}
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
          "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
          "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check"}
@@ -83,6 +133,8 @@ FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps
 def flag_names(message: str) -> str:
     """A RunConfig error with the command-line flag it is about: '... (flag: --steps)'."""
     flags = [FLAGS[f] for f in dict.fromkeys(re.findall(r"RunConfig\.(\w+)", message)) if f in FLAGS]
+    flags += [GENERATE_FLAGS[f] for f in dict.fromkeys(re.findall(r"GenerateConfig\.(\w+)", message))
+              if f in GENERATE_FLAGS]
     return f"{message} (flag: {', '.join(flags)})" if flags else message
 
 
@@ -112,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_ladder(args, stop) -> int:
     from .report import results_table
 
-    base = _config(args, {})
+    base = _config(args, {}) if args.kind != "inference" else _generate_config(args, {}, ladder=True)
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
+    if args.kind == "inference":
+        from .inference.report import generation_table as results_table  # noqa: F811 - generations' own table
     print(results_table(results))
     if json_path is not None:
         write_results_json(json_path, [r.to_dict() for r in results])
@@ -139,6 +193,22 @@ def cmd_bench(args, stop) -> int:
         if not first:
             return 0 if result.status == "ok" else 1
     print(results_table([result]))
+    if json_path is not None:
+        result.to_json(json_path)
+    return 0 if result.status == "ok" else 1
+
+
+def cmd_generate(args, stop) -> int:
+    from .inference import generate
+    from .inference.report import generation_table
+
+    cfg = _generate_config(args, dict(args.toggle))
+    json_path = check_writable(args.json, "--json") if args.json else None
+    result = generate(cfg, on_status=_progress, stop=stop, catch_errors=True)
+    for text in result.texts:
+        print(text)
+        print("-" * 78)
+    print(generation_table([result]))
     if json_path is not None:
         result.to_json(json_path)
     return 0 if result.status == "ok" else 1
@@ -194,7 +264,7 @@ def toggle_page(t) -> str:
 
 
 COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
-            "doctor": cmd_doctor, "toggles": cmd_toggles}
+            "doctor": cmd_doctor, "toggles": cmd_toggles, "generate": cmd_generate}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,6 +12,7 @@ import dataclasses
 from .config import RunConfig
 from .engine import run
 from .hardware import detect
+from .inference.ladder import inference_ladder
 from .measure.results import RunResult
 from .toggles import TOGGLES
 
@@ -53,6 +54,6 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
 
 
 # The ladders `scalekit ladder KIND` climbs: KIND -> a function (base RunConfig, on_status, on_result, stop)
-# -> list of results.  "train" is the training ladder above; the data, inference and fine-tuning ladders
-# add themselves here.
-LADDERS = {"train": ladder}
+# -> list of results.  "train" is the training ladder above; "inference" the generation ladder
+# (scalekit/inference/ladder.py); the data and fine-tuning ladders add themselves here.
+LADDERS = {"train": ladder, "inference": inference_ladder}

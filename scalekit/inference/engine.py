@@ -139,7 +139,8 @@ def _record(ctx: BuildContext, result: GenerateResult, done: Decoded, prompts, t
     result.decode_ms = Spread.of(result.token_ms)
     result.decode_ms_p90 = p90(result.token_ms)
     if result.token_ms:
-        result.decode_tokens_per_s = batch * len(result.token_ms) / (sum(result.token_ms) / 1e3)
+        result.decode_tokens_per_s = batch / (result.decode_ms.median / 1e3)
+        result.decode_tokens_per_s_wall = batch * len(result.token_ms) / (sum(result.token_ms) / 1e3)
     result.new_tokens = done.tokens.shape[1]
     result.token_ids = done.tokens.tolist()
     texts = [_decoded(tokenizer, list(p) + ids) for p, ids in zip(prompts, result.token_ids, strict=True)]

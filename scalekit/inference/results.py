@@ -42,7 +42,8 @@ class GenerateResult:
     token_ms: list[float] = field(default_factory=list)  # each decode step (tokens 2, 3, ...): for plots
     decode_ms: Spread | None = None  # over token_ms
     decode_ms_p90: float | None = None
-    decode_tokens_per_s: float | None = None  # batch × decode steps ÷ their summed time
+    decode_tokens_per_s: float | None = None  # batch ÷ the median decode step (as training's tokens/s)
+    decode_tokens_per_s_wall: float | None = None  # batch × decode steps ÷ their summed time (spikes included)
     total_s: float | None = None  # the whole measured generation, prefill included
     warmup_s: float | None = None  # the unmeasured warm-up generation
     compile_s: float | None = None  # warm-up decode steps beyond a steady step, when compile is on
