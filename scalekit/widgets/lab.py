@@ -31,13 +31,19 @@ from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
 from ..plots import memory_breakdown_figure
-from ..toggles import TOGGLES, needs_process_group
+from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
 MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
+
+
+def training_toggles(cfg: RunConfig) -> tuple:
+    """The toggles a training Lab offers: those of the training loop, and, when the run evaluates
+    (eval_every), the generation toggles that act on its evaluation (none that replaces weights)."""
+    return tuple(t for t in ORDER if "train" in t.loops or (cfg.eval_every and not t.changes_weights))
 
 
 @dataclass
@@ -59,12 +65,27 @@ class ViewCost:
         return self.cpu_s / self.run_wall_s if self.run_wall_s else 0.0
 
 
+TASKS = ("train", "generate")
+
+
 class Lab:
-    """A toggle panel, Run/Stop, live plots and a results table for one model."""
+    """A toggle panel, Run/Stop, live plots and a results table for one model.
+
+    Lab(task="generate") is the generation Lab (widgets/generate_lab.py): inference toggles, a prompt,
+    live per-token latency and tokens/s, the text as it is produced, quality beside speed."""
+
+    def __new__(cls, *args, task: str = "train", **kwargs):
+        if task not in TASKS:
+            raise ConfigError(f"Lab.task must be one of {', '.join(map(repr, TASKS))}, got {task!r}")
+        if task == "generate":
+            from .generate_lab import GenerateLab
+
+            return GenerateLab(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, preset: str = "auto", *, model=None, batch_fn=None, loss_fn=None, steps: int = 20,
                  batch_size: int | None = None, device: str = "auto", updates_per_s: float = 4.0, hw=None,
-                 **config):
+                 task: str = "train", **config):
         # validated now, so a bad argument fails here with the field named, not at the first Run
         self.base_config = RunConfig(preset=preset, model=model, batch_fn=batch_fn, loss_fn=loss_fn, steps=steps,
                                      batch_size=batch_size, device=device, **config)
@@ -91,7 +112,8 @@ class Lab:
     def _make_controls(self, steps: int) -> None:
         """The toggle panel, Run/Stop, the run's sizes and the save buttons."""
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
-        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True)
+        self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True,
+                                 toggles=training_toggles(self.base_config))
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
