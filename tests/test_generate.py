@@ -165,3 +165,31 @@ def test_results_compare_side_by_side_and_write_atomically(tmp_path):
 def test_generate_with_no_gpu_refuses_cuda():
     with pytest.raises(ConfigError, match="GenerateConfig.device|no CUDA GPU"):
         generate(device="cuda", **{k: v for k, v in QUICK.items() if k != "device"})
+
+
+class Interrupted(Bigram):
+    """A model the user interrupts (Ctrl-C) during its `at`-th forward call."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, idx):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return super().forward(idx)
+
+
+@pytest.mark.parametrize("at,status,tokens,note", [
+    (2, "stopped", 0, "stopped during the warm-up: nothing was measured"),  # warm-up: 4 calls
+    (4 + 6, "stopped", 5, "the tokens generated so far are kept"),  # the measured generation: calls 5 to 14
+    (4 + 10 + 3, "stopped", 10, "while measuring memory or quality"),  # the memory probe: calls 15 on
+])
+def test_ctrl_c_keeps_what_was_measured(at, status, tokens, note):
+    model = Interrupted(at)
+    r = generate(model=model, max_new_tokens=10, warmup_tokens=4, device="cpu", hw=CPU, catch_errors=True)
+    assert r.status == status and len(r.token_ids[0] if r.token_ids else []) == tokens, (r.status, r.token_ids)
+    assert any(note in n for n in r.notes), r.notes
+    if tokens == 10:  # interrupted after the generation: its figures are all there, the probe's are not
+        assert len(r.token_ms) == 9 and r.decode_tokens_per_s and r.peak_mem_bytes is None

@@ -75,27 +75,44 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
     result.batch_size, result.prompt_tokens = len(prompts), [len(p) for p in prompts]
     max_len = ids.shape[1] + cfg.max_new_tokens
     graphs0 = _graphs_compiled()
-    if cfg.warmup_tokens:
-        status(f"warm-up: {min(cfg.warmup_tokens, cfg.max_new_tokens)} tokens"
-               + (" (compiling: this can take a while)" if ctx.compiled else ""))
-        warm = decode(ctx, ids, pad, min(cfg.warmup_tokens, cfg.max_new_tokens), max_len, _sampling(cfg, ctx))
-        result.warmup_s = warm.total_s
+    warm = _warm_up(ctx, cfg, result, ids, pad, max_len, stop, status)
+    if warm is not None and warm.stopped:
+        return
     graphs1 = _graphs_compiled()
     status(f"generating {cfg.max_new_tokens} tokens × {len(prompts)} prompt(s)")
     memory.cuda_memory_reset(ctx.device)
     text_prompts = any(isinstance(p, str) for p in cfg.prompts)
     tokenizer = cfg.get_tokenizer() if cfg.tokenizer is not None or text_prompts else None
-    streamed = _streamer(on_token, tokenizer)
-    done = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), streamed, stop)
+    done = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), _streamer(on_token, tokenizer),
+                  stop)
     _record(ctx, result, done, prompts, tokenizer)
     if ctx.compiled:
         result.graphs_compiled = _graphs_compiled() - graphs0
         result.recompiles_measured = _graphs_compiled() - graphs1
-        if cfg.warmup_tokens:
+        if warm is not None:
             result.compile_s = max(0.0, warm.total_s - _steady_s(warm, result))
     if result.status == "ok":
-        _memory(ctx, cfg, result, ids, pad, max_len, status)
-        _quality(ctx, cfg, result, ids, pad, done, max_len, status)
+        try:
+            _memory(ctx, cfg, result, ids, pad, max_len, stop, status)
+            _quality(ctx, cfg, result, ids, pad, done, max_len, status)
+        except KeyboardInterrupt:  # Ctrl-C or Stop after the generation: its figures are kept
+            result.status = "stopped"
+            result.notes.append("stopped after the generation, while measuring memory or quality: the "
+                                "generation's figures are kept, the rest is not measured")
+
+
+def _warm_up(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, max_len, stop, status):
+    """The unmeasured generation first (compilation happens here); None when there is none."""
+    if not cfg.warmup_tokens:
+        return None
+    status(f"warm-up: {min(cfg.warmup_tokens, cfg.max_new_tokens)} tokens"
+           + (" (compiling: this can take a while)" if ctx.compiled else ""))
+    warm = decode(ctx, ids, pad, min(cfg.warmup_tokens, cfg.max_new_tokens), max_len, _sampling(cfg, ctx), stop=stop)
+    result.warmup_s = warm.total_s
+    if warm.stopped:
+        result.status = "stopped"
+        result.notes.append("stopped during the warm-up: nothing was measured")
+    return warm
 
 
 def _sampling(cfg: GenerateConfig, ctx: BuildContext) -> Sampling:
@@ -163,7 +180,7 @@ def _decoded(tokenizer, ids: list[int]) -> str | None:
         return None
 
 
-def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, max_len, status) -> None:
+def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, max_len, stop, status) -> None:
     if ctx.device.type == "cuda":
         result.peak_mem_bytes = memory.cuda_peak(ctx.device)[0]
         result.mem_source = "CUDA allocator: max_memory_allocated over the measured generation"
@@ -174,7 +191,10 @@ def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids,
     weights = [t for module in ctx.base_model.modules() for t in _module_tensors(module)]
     tracker = memory.LiveTensorBytes(weights)
     with tracker:  # a dispatch mode cannot see inside compiled kernels: the eager model runs here
-        decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), model=ctx.base_model)
+        probe = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
+                       model=ctx.base_model)
+    if probe.stopped:
+        raise KeyboardInterrupt  # the probe did not see the whole generation: its peak would be too low
     result.peak_mem_bytes = tracker.peak_bytes
     result.mem_source = "live tensor bytes over one more generation (CPU has no allocator statistics)"
     if ctx.compiled:

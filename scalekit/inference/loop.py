@@ -98,17 +98,18 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
     timer = step_timer(ctx.device)
     out = Decoded(tokens=seq[:, T0:T0])
     t0 = time.perf_counter()
+    steps = 0  # tokens made so far (a Ctrl-C keeps them)
     with step_contexts(ctx):
-        logits = _prefill(ctx, model, ids, pad, cache, out)
-        tok = sample(logits[:, -1], sampling)
-        seq[:, T0] = tok
-        first = tok.tolist()  # the first token on the host: time to first token
-        out.ttft_ms = (time.perf_counter() - t0) * 1e3
-        if on_token is not None:
-            on_token(0, T0, out.ttft_ms, first)
-        input_pos = torch.tensor([T0], device=ctx.device)  # the position of the token fed next
-        steps = 1
         try:
+            logits = _prefill(ctx, model, ids, pad, cache, out)
+            tok = sample(logits[:, -1], sampling)
+            seq[:, T0] = tok
+            steps = 1
+            first = tok.tolist()  # the first token on the host: time to first token
+            out.ttft_ms = (time.perf_counter() - t0) * 1e3
+            if on_token is not None:
+                on_token(0, T0, out.ttft_ms, first)
+            input_pos = torch.tensor([T0], device=ctx.device)  # the position of the token fed next
             for i in range(1, new_tokens):
                 if stop is not None and stop.is_set():
                     out.stopped = True
@@ -123,10 +124,10 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
                 if on_token is not None:  # reading the token is a device sync: only when streaming
                     ids_now = tok.tolist()
                     on_token(i, T0 + i, (time.perf_counter() - t_step) * 1e3, ids_now)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C: what was made is kept, the step it interrupted is not timed
             timer.discard()
             out.stopped = True
-        out.step_ms = timer.collect()
+        out.step_ms = timer.collect()[:max(0, steps - 1)]
         synchronize(ctx.device)
     out.total_s = time.perf_counter() - t0
     out.tokens = seq[:, T0:T0 + steps]
