@@ -250,7 +250,9 @@ def cmd_toggles(args, stop) -> int:
         return 0
     for t in ORDER:
         modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
-        print(f"{t.name:13} {t.summary}{modes}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
+        where = "" if "train" in t.loops else \
+            f" [generation: scalekit generate{'' if t.changes_weights else ', or a training run with eval_every'}]"
+        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
     return 0
 
 
