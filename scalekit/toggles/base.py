@@ -2,7 +2,8 @@
 
 A toggle acts once, at its phase, on a freshly built run: "off" means building again without it, never
 undoing it (torch.compile and FSDP cannot be undone).  Phases run in the order of `PHASES` (the engine
-walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.
+walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.  A generation
+(scalekit.inference) walks the same tuple with loop="generate": only toggles whose `loops` hold it act.
 
 Toggles never test each other's names: they meet in the fields of `BuildContext`, each declared below
 with what it means.  The context has slots, so setting a field it does not declare is an error.
