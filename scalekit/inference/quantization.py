@@ -69,9 +69,16 @@ def method_available(method: str, device_type: str) -> tuple[bool, str]:
                 set(torch.backends.quantized.supported_engines) <= {"none"}:
             return False, "this torch build has no quantized CPU engine (fbgemm, x86 or qnnpack)"
         return True, ""
-    if importlib.util.find_spec(library) is None:
+    if not _installed(library):
         return False, f"quantize={method!r} needs {library}, which is not installed (pip install {library})"
     return True, ""
+
+
+def _installed(library: str) -> bool:
+    try:
+        return importlib.util.find_spec(library) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules (blocked), or a broken install
+        return False
 
 
 def quiet_import(module: str, device_type: str = "cpu"):
