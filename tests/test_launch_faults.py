@@ -8,6 +8,7 @@ anything imports bitsandbytes (conftest).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import shutil
@@ -115,6 +116,34 @@ def test_a_script_rank_that_exits_leads_the_report(tmp_path):
         launch_script(str(script), nprocs=2)
     assert info.value.rank == 1
     assert _first_line(info.value).startswith("rank 1 ended with exit code 3"), str(info.value)
+
+
+# -- what a forked rank inherits ------------------------------------------------------------------------------
+class _Cycle:
+    """An object in a reference cycle: garbage that only the cyclic collector frees."""
+
+    def __init__(self, **things):
+        self.__dict__.update(things, cycle=self)
+
+
+def _collects_garbage():
+    gc.collect()  # any rank that allocates enough gets here sooner or later
+    return "ok"
+
+
+def test_garbage_with_threads_left_by_an_earlier_launch_does_not_crash_the_next_ranks():
+    """A caught LaunchError's traceback keeps the finished launch's agent and store in a cycle; a rank whose
+    garbage collector finalized its inherited copy joined threads the fork had not copied: SIGSEGV."""
+    import datetime
+
+    store = dist.HashStore()
+    garbage = _Cycle(server=dist.TCPStore("127.0.0.1", 0, 1, True),
+                     group=dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=30)))
+    garbage.group.allreduce([torch.ones(1)]).wait()  # its worker threads are running
+    del garbage, store
+    for _ in range(2):
+        assert launch(_collects_garbage, nprocs=2) == ["ok", "ok"]
+    gc.collect()  # and this process frees it, where its threads are
 
 
 # -- time limits ------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import io
 import json
 import logging
@@ -354,10 +355,18 @@ class _Agent(LocalElasticAgent):
         self.signals = signals
 
     def _start_workers(self, worker_group):
+        if self.forked:
+            # A forked rank inherits this process's garbage too: an earlier launch's store or process group
+            # left in a reference cycle (a caught LaunchError's traceback holds one), whose destructor, run
+            # by the rank's first garbage collection, joins threads the fork did not copy (SIGSEGV, or a
+            # hang).  Frozen objects are never collected, so the ranks leave what they inherit alone.
+            gc.freeze()
         try:
             with self.signals.held():
                 pids = super()._start_workers(worker_group)
         finally:
+            if self.forked:
+                gc.unfreeze()  # this process collects its own garbage again, safely, where its threads are
             self.signals.install()  # in case this torch installed handlers of its own after all
         self.exits.watch({w.global_rank: pids[w.local_rank] for w in worker_group.workers})
         self.signals.raise_pending()  # now that every rank is known to the agent, which stops them all
@@ -438,6 +447,8 @@ def _run_agent(entrypoint, args, nprocs: int, start_method: str, run_dir: Path, 
             agent.exits.stop()
             for tail in tails:
                 tail.stop()
+            # the store is freed now, here, even when the agent lives on in a traceback (see _start_workers)
+            agent._store = agent._worker_group.store = None
             rdzv.close()
             agent.remove_error_files()
 
@@ -690,8 +701,6 @@ def _loopback_interface() -> str | None:
 
 def _close_leftover_group() -> None:
     """A process group fn left alive: free what may hold it (a DDP model), then destroy it."""
-    import gc
-
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
