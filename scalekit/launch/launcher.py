@@ -507,9 +507,12 @@ def _report(agent: _Agent, result, nprocs: int, run_dir: Path, keep_logs: bool) 
     failures = sorted((e for e in ends.values() if e.kind in ("raised", "exited")),
                       key=lambda e: (e.consequence, e.time))
     if not failures:  # torch saw a failure none of our records shows
+        if not result.failures:
+            return LaunchError(f"the launch failed and no rank says why; the ranks' output is above{logs}",
+                               logs_dir=logs_dir)
         rank, failure = min(result.failures.items())
-        return LaunchError(f"rank {rank} ended with exit code {failure.exitcode}; its output is above{logs}",
-                           rank=rank)
+        return LaunchError(f"rank {rank} ended with {_how(failure.exitcode)}; its output is above{logs}",
+                           rank=rank, logs_dir=logs_dir)
     first = failures[0]
     message = f"rank {first.rank} {first.text}" + (f"\n\n{first.traceback.rstrip()}" if first.traceback else "")
     after = []
