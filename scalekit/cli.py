@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="run it in N processes on this machine, as the ddp/fsdp toggles need (default: 1)")
+    bench.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                       help="with --nproc-per-node: stop the processes after S seconds (default: no limit)")
     plan = sub.add_parser("plan", help="predict memory (params, grads, optimizer state, activations) and FLOPs")
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
@@ -128,11 +130,19 @@ def cmd_bench(args, stop) -> int:
 
     cfg = _config(args, dict(args.toggle))
     json_path = check_writable(args.json, "--json") if args.json else None
-    if args.nproc_per_node:
+    nprocs = launch_commands.check_nproc_flag(args.nproc_per_node, default="this process alone")
+    timeout_s = launch_commands.check_timeout_flag(args.timeout_s)
+    if nprocs:
         from .launch import launch_run
 
-        _progress(f"launching {args.nproc_per_node} processes")
-        result = launch_run(cfg, nprocs=args.nproc_per_node, catch_errors=True)
+        _progress(f"launching {nprocs} processes")
+        try:
+            with launch_commands.ctrl_c_raises():
+                result = launch_run(cfg, nprocs=nprocs, catch_errors=True, timeout_s=timeout_s)
+        except KeyboardInterrupt:
+            return launch_commands.interrupted("scalekit bench")
+    elif timeout_s is not None:
+        raise ConfigError("--timeout-s limits launched processes: use it with --nproc-per-node N")
     else:
         first = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this: one reports
         result = run(cfg, on_status=_progress if first else None, stop=stop, catch_errors=True)

@@ -9,6 +9,11 @@ background thread, so the buttons stay live; Stop ends the run within one step a
 measured.  A second thread, the view, redraws the plots, the progress line and the elapsed time at
 most `updates_per_s` times a second, and less often when a redraw is costly, so that the live view
 takes about VIEW_BUDGET (0.5%) of the run's time at most.
+
+Toggles that need several processes (ddp, fsdp) run in ranks the Lab launches; such a run is stopped
+after `lab.launch_timeout_s` seconds (LAUNCH_TIMEOUT_S, 10 minutes, unless you change it), so a rank
+that hangs ends as a failed run that names the ranks still running and where they were, and the Lab
+is ready again, instead of waiting for ever.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .table import results_frame, results_html
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
 MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
+LAUNCH_TIMEOUT_S = 600.0  # a launched (ddp, fsdp) run is stopped after this long: a hung rank cannot hold the Lab
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Lab:
                               f"got {updates_per_s!r}")
         self.hw = hw or detect(device)
         self.update_interval_s = 1.0 / updates_per_s
+        self.launch_timeout_s = LAUNCH_TIMEOUT_S  # seconds a run in launched ranks may take (see the module doc)
         self.default_batch_size = self.base_config.resolve(self.hw).batch_size
         self.runs: list[tuple[int, RunResult]] = []  # every run, failed ones included
         self.view_costs: dict[int, ViewCost] = {}
@@ -273,12 +280,14 @@ class Lab:
 
     def _launch(self, cfg: RunConfig, on_step, on_status) -> RunResult:
         """Run `cfg` in `processes` ranks; its steps reach the plots when the ranks are done (they run in
-        other processes, so nothing streams back live).  Stop cannot reach into the ranks."""
+        other processes, so nothing streams back live).  Stop cannot reach into the ranks; the launch's
+        time limit (launch_timeout_s) ends them if they hang."""
         from ..launch import launch_run
 
         n = self.processes.value
-        on_status(f"running in {n} processes; the plots fill in when they finish")
-        result = launch_run(cfg, nprocs=n, catch_errors=True)
+        on_status(f"running in {n} processes (at most {self.launch_timeout_s:g} s); the plots fill in when they "
+                  f"finish")
+        result = launch_run(cfg, nprocs=n, catch_errors=True, timeout_s=self.launch_timeout_s)
         for record in result.steps:
             on_step(record)
         return result
