@@ -189,3 +189,16 @@ def test_adapters_say_why_when_the_targets_do_not_exist():
 def test_nice_numbers_cannot_start_from_the_pretrained_weights():
     result = run(ft({"nice_numbers": True}, steps=1, warmup_steps=0), catch_errors=True)
     assert result.status == "failed" and "does not have the shipped model's shape" in result.error
+
+
+def test_the_lab_offers_the_finetuning_methods_and_shows_what_trains():
+    from scalekit import Lab
+
+    lab = Lab(preset="shakespeare-char", init="pretrained", data="new-plays", seq_len=32, batch_size=4, steps=2,
+              warmup_steps=0, device="cpu", hw=CPU, measure_memory=False)
+    offered = list(lab.controls["finetune"].choices)
+    assert offered[0] == "full fine-tuning" and "head_only" in offered and "lora 8" in offered and "dora 8" in offered
+    lab.set(finetune="lora 8", quantized_base="nf4")
+    assert lab.start() and lab.wait(300).status == "ok"
+    row = lab.results.iloc[-1]
+    assert row["trainable_params"] == 65_536 and row["heldout_after"] < row["heldout_before"] + 0.05

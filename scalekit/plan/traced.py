@@ -31,6 +31,7 @@ from ..toggles.optim import EIGHT_BIT
 from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
 
+
 class PlanUnavailable(ConfigError):
     """The step could not be traced on fake tensors (the message says why); measure the run instead."""
 

@@ -69,7 +69,6 @@ EXCLUSIVE: tuple[tuple[str, str, str], ...] = (
     ("head_only", "lora", "both choose what trains: the new head alone, or adapters"),
     ("head_only", "dora", "both choose what trains: the new head alone, or adapters"),
     ("lora", "dora", "DoRA is LoRA with a magnitude split off: pick one"),
-    ("head_only", "quantized_base", "a quantized base trains through adapters (lora or dora), not a new head"),
     ("fsdp", "quantized_base", "FSDP shards floating-point parameters; bitsandbytes keeps 4-bit weights as packed "
                                "uint8 with separate quantization state, which FSDP2 cannot shard here (Answer.ai's "
                                "FSDP + QLoRA stores them in a float dtype, bnb_4bit_quant_storage, for this)"),
