@@ -34,7 +34,10 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
     p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
-    p.add_argument("--data", default="auto", help="shakespeare, synthetic or auto (default)")
+    p.add_argument("--data", default="auto", help="shakespeare, synthetic, new-plays (the tail the shipped model "
+                                                   "never saw, for fine-tuning) or auto (default)")
+    p.add_argument("--init", default="random", help="the built-in GPT's starting weights: random (default) or "
+                                                    "pretrained (preset shakespeare-char)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
@@ -45,7 +48,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory)
+                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory,
+                     init=args.init)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
 
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
          "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
-         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check"}
+         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check",
+         "init": "--init"}
 
 
 def flag_names(message: str) -> str:

@@ -62,6 +62,12 @@ class RunConfig:
     """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
+    init: str = "random"
+    """The built-in GPT's starting weights: 'random' (GPT-2's initialisation) or 'pretrained' (the shipped weights
+    of presets that have them: 'shakespeare-char')."""
+    adapter_targets: Sequence[str] | None = None
+    """Names of the linear layers that lora/dora/quantized_base act on (e.g. ('c_attn',)); None: every linear
+    layer inside the model's repeated blocks."""
     check_memory: bool = True
     """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
 
@@ -101,6 +107,7 @@ class RunConfig:
             raise ConfigError(f"RunConfig.peak_tflops must be a positive number of TFLOP/s (at most 1e5) or None, "
                               f"got {self.peak_tflops!r}")
         self._validate_model()
+        self._validate_init()
         self._validate_toggle_pairs()
 
     def _validate_model(self) -> None:
@@ -119,13 +126,32 @@ class RunConfig:
                 raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
                                         f"own model (RunConfig.model)")
 
+    def _validate_init(self) -> None:
+        if self.init not in INITS:
+            raise ConfigError(f"RunConfig.init must be one of {_allowed(INITS)}, got {self.init!r}")
+        if self.init == "pretrained":
+            with_weights = [name for name, p in PRESETS.items() if p.pretrained]
+            if self.model is not None or self.preset not in with_weights:
+                raise ConfigError(f"RunConfig.init='pretrained' needs a preset that ships weights: "
+                                  f"{_allowed(with_weights)} (got preset {self.preset!r}"
+                                  f"{' and your own model' if self.model is not None else ''})")
+        if self.adapter_targets is not None:
+            targets = self.adapter_targets
+            if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets or \
+                    not all(isinstance(t, str) and t for t in targets):
+                raise ConfigError(f"RunConfig.adapter_targets must be None or a non-empty list of linear layer "
+                                  f"names (e.g. ['c_attn', 'c_fc']), got {targets!r}")
+            self.adapter_targets = tuple(targets)
+
     def _validate_toggle_pairs(self) -> None:
         for a, b, why in EXCLUSIVE:
             if a in self.toggles and b in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
-        for a, b, why in REQUIRES:
-            if a in self.toggles and b not in self.toggles:
-                raise ConfigError(f"RunConfig.toggles: {a!r} needs {b!r} on too: {why}")
+        for a, needs, why in REQUIRES:
+            options = (needs,) if isinstance(needs, str) else needs  # one toggle, or any one of several
+            if a in self.toggles and not any(b in self.toggles for b in options):
+                said = " or ".join(repr(b) for b in options)
+                raise ConfigError(f"RunConfig.toggles: {a!r} needs {said} on too: {why}")
 
     @property
     def custom_model(self) -> bool:
@@ -181,6 +207,7 @@ INT_RANGES = {
     "seed": (0, 2**63 - 1),
 }
 LR_RANGE = (1e-8, 1.0)
+INITS = ("random", "pretrained")
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

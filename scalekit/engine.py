@@ -19,10 +19,13 @@ import torch
 
 from . import distributed, hardware, plan
 from .config import RunConfig
+from .data import load_tokens
+from .data.loaders import FINETUNE_HELDOUT
 from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
 from .measure.timing import Spread, step_timer, synchronize
+from .models.pretrained import heldout_loss
 from .toggles import BuildContext, needs_process_group
 from .training import (  # noqa: F401 - build, train_step and the rest are also reached as scalekit.engine.*
     BUILDERS,
@@ -91,11 +94,19 @@ def _build_and_measure(cfg: RunConfig, hw, stack, group, result: RunResult, on_s
     if group is not None:
         distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
     result.build_s = time.perf_counter() - t_build
+    for key, value in memory.parameter_counts(ctx.base_model).items():
+        setattr(result, key, value)
     grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
+    heldout = heldout_tokens(cfg)
+    if heldout is not None:
+        status("held-out loss before training")
+        result.heldout_loss_before = heldout_loss(ctx.base_model, heldout, cfg.seq_len)
     try:
         _measure(ctx, result, on_step, stop, status)
     finally:
         _summarise(ctx, result)  # what was measured is kept, also when a step failed
+    if heldout is not None and result.status in ("ok", "stopped"):
+        result.heldout_loss_after = heldout_loss(ctx.base_model, heldout, cfg.seq_len)
     if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
         status("counting live tensor memory on one extra step")
         _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
@@ -176,6 +187,18 @@ class StepLog:
         synchronize(self.ctx.device)
         if self.wall_t0 is not None:
             self.result.tokens_per_s_wall = self.measured_tokens / (time.perf_counter() - self.wall_t0)
+
+
+HELDOUT_WINDOWS = 32  # windows of the held-out part read before and after a fine-tuning run
+
+
+def heldout_tokens(cfg: RunConfig):
+    """The held-out text of a fine-tuning data source (None for the other sources, and your own data)."""
+    if cfg.custom_model or cfg.data not in FINETUNE_HELDOUT:
+        return None
+    tokens = load_tokens(FINETUNE_HELDOUT[cfg.data])
+    windows = min(HELDOUT_WINDOWS, (len(tokens) - 1) // cfg.seq_len)
+    return tokens[: windows * cfg.seq_len + 1] if windows else None
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 
 from .config import RunConfig
 from .engine import run
+from .finetune import finetune_ladder
 from .hardware import detect
 from .measure.results import RunResult
 from .toggles import TOGGLES
@@ -55,4 +56,4 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
 # The ladders `scalekit ladder KIND` climbs: KIND -> a function (base RunConfig, on_status, on_result, stop)
 # -> list of results.  "train" is the training ladder above; the data, inference and fine-tuning ladders
 # add themselves here.
-LADDERS = {"train": ladder}
+LADDERS = {"train": ladder, "finetune": finetune_ladder}

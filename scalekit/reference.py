@@ -28,3 +28,12 @@ FIGURES = {
     "gpt2_a100_mfu": (0.50, "build-nanogpt reaches ≈50% MFU on an A100"),
     "llmc_a100_mfu": (0.60, "llm.c reaches ≈60% MFU on an A100 for GPT-2 124M"),
 }
+
+
+# Fine-tuning with few trainable weights: what the methods were published with.
+FINETUNE_FIGURES = {
+    "qlora_65b_one_48gb_gpu": (65, "QLoRA (Dettmers et al., 2023): a 65B model fine-tuned on one 48 GB GPU"),
+    "answerai_70b_two_24gb_gpus": (70, "Answer.ai (2024): a 70B model fine-tuned on two 24 GB GPUs with FSDP + QLoRA"),
+    "qlora_vs_lora_peak_memory": (0.75, "Google Vertex AI guidance: QLoRA ≈75% less peak GPU memory than LoRA"),
+    "lora_vs_qlora_speed": (1.66, "Google Vertex AI guidance: LoRA ≈66% faster than QLoRA"),
+}

@@ -24,6 +24,7 @@ from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
+from .models.pretrained import load_pretrained
 from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 
 
@@ -60,6 +61,8 @@ def build_model(ctx: BuildContext) -> None:
         ctx.loss_fn = cfg.loss_fn
     else:
         model = GPT(ctx.gpt_config)
+        if cfg.init == "pretrained":
+            load_pretrained_weights(model, PRESETS[cfg.preset].pretrained)
         ctx.loss_fn = gpt_loss
     if any(t.device != ctx.device for t in itertools.chain(model.parameters(), model.buffers())):
         model = model.to(ctx.device)  # (only when needed: the planner's fake tensors cannot be moved in place)
@@ -69,15 +72,31 @@ def build_model(ctx: BuildContext) -> None:
 
 
 def build_optimizer(ctx: BuildContext) -> None:
+    # only what trains: frozen weights (fine-tuning) get no gradient, so no optimizer state either
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("nothing to train: every parameter of the model is frozen (requires_grad=False)")
     if ctx.optimizer_factory is not None:
-        ctx.optimizer = ctx.optimizer_factory(ctx.model.parameters())
+        ctx.optimizer = ctx.optimizer_factory(params)
     else:
-        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=ctx.config.lr, **ctx.optimizer_kwargs)
+        ctx.optimizer = torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
     ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
 
 
 # What the engine builds after the toggles of a phase (phases without an entry build nothing themselves).
 BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
+
+
+def load_pretrained_weights(model: torch.nn.Module, name: str) -> None:
+    """The shipped weights `name` into a freshly built GPT of the same shape (RunConfig(init="pretrained"))."""
+    state = load_pretrained(name).state_dict()
+    mine = model.state_dict()
+    wrong = [k for k in state if k not in mine or mine[k].shape != state[k].shape]
+    if wrong:
+        raise ConfigError(f"RunConfig.init='pretrained': the model built does not have the shipped model's shape "
+                          f"(first mismatch: {wrong[0]}); a toggle that changes the architecture's sizes "
+                          f"(nice_numbers pads the vocabulary) cannot start from these weights")
+    model.load_state_dict(state)
 
 
 def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
@@ -86,7 +105,8 @@ def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> I
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
-    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs)
+    split = "new-plays" if cfg.data == "new-plays" else "train"
+    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, split=split, **loader_kwargs)
     return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
 
 

@@ -11,7 +11,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..errors import ConfigError
 from .shakespeare import load_tokens
 
-DATA_SOURCES = ("shakespeare", "synthetic")
+# data sources a RunConfig can name: the corpus's training split, random tokens, and the tail of plays the
+# shipped model never saw (for fine-tuning; its own held-out part is measured before and after)
+DATA_SOURCES = ("shakespeare", "synthetic", "new-plays")
+FINETUNE_HELDOUT = {"new-plays": "new-plays-heldout"}  # fine-tuning sources -> their held-out split
 
 
 class TokenWindows(Dataset):

@@ -55,11 +55,12 @@ def bench_args(cfg) -> list[str]:
         raise ConfigError("RunConfig.model: your own model cannot be passed on a command line; launch a script "
                           "that builds it (scalekit launch script.py) instead")
     default = RunConfig()
-    for name in ("lr", "measure_memory", "tokens_per_sample"):
+    for name in ("lr", "measure_memory", "tokens_per_sample", "adapter_targets"):
         if getattr(cfg, name) != getattr(default, name):
             raise ConfigError(f"RunConfig.{name} has no `scalekit bench` flag; launch a script instead")
     out = ["--preset", cfg.preset, "--steps", cfg.steps, "--warmup-steps", cfg.warmup_steps,
-           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed]
+           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed,
+           "--init", cfg.init]
     for flag, value in (("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len),
                         ("--peak-tflops", cfg.peak_tflops)):
         if value is not None:

@@ -56,6 +56,13 @@ class RunResult:
     grads_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     activations_bytes: int | None = None
+    # what trains: parameters counted as values (a 4-bit weight is one value, whatever it is packed in)
+    trainable_params: int | None = None
+    total_params: int | None = None
+    trainable_weight_bytes: int | None = None  # bytes of the parameters that train
+    frozen_weight_bytes: int | None = None  # bytes of the frozen ones (quantized where they are)
+    heldout_loss_before: float | None = None  # fine-tuning data's held-out part, before the first step
+    heldout_loss_after: float | None = None  # ... and after the last
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     mfu: float | None = None
@@ -79,6 +86,11 @@ class RunResult:
     def finished(self) -> bool:
         """It measured steps whose figures can be shown (a diverged run's, up to where it diverged)."""
         return self.status in ("ok", "stopped", "diverged") and bool(self.step_ms and self.step_ms.n)
+
+    @property
+    def trainable_share(self) -> float | None:
+        return self.trainable_params / self.total_params if self.trainable_params is not None and \
+            self.total_params else None
 
     @property
     def ok(self) -> bool:
@@ -121,6 +133,14 @@ def compare(results: list[RunResult]):
         df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base["peak_mem_mb"]) for r in rows]
     cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "peak_mem_mb", "mem_ratio",
             "mfu", "final_loss", "compile_s", "note"]
+    if any(r.heldout_loss_before is not None or (r.trainable_share or 1) < 1 for r in results):
+        # fine-tuning: what trains, and what it learned on the held-out part of the new data
+        df["trainable_params"] = [r.trainable_params for r in results]
+        df["trainable_%"] = [100 * r.trainable_share if r.trainable_share is not None else None for r in results]
+        df["heldout_before"] = [r.heldout_loss_before for r in results]
+        df["heldout_after"] = [r.heldout_loss_after for r in results]
+        cols[cols.index("final_loss") + 1:cols.index("final_loss") + 1] = [
+            "trainable_params", "trainable_%", "heldout_before", "heldout_after"]
     return df.reindex(columns=cols)
 
 
