@@ -73,6 +73,15 @@ def parser() -> argparse.ArgumentParser:
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
                       help="as for bench")
+    tune = sub.add_parser("tune", help="search for the fastest configuration within a memory budget (autotune)")
+    _run_options(tune)
+    tune.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                      help="start from these toggles")
+    tune.add_argument("--budget-mb", type=float, default=None, help="peak-memory budget in MiB (default: none)")
+    tune.add_argument("--time-budget-s", type=float, default=300.0, help="longest the search may take (default 300)")
+    tune.add_argument("--run-steps", type=int, default=1000,
+                      help="steps of the real run you plan: one-off costs (compile) must pay off over them")
+    tune.add_argument("--json", metavar="PATH", help="write the search (every candidate and why) as JSON")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
@@ -208,7 +217,33 @@ def toggle_page(t) -> str:
             f"The code it runs (scalekit/toggles/{t.name}.py):\n\n{t.code()}")
 
 
-COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
+def cmd_tune(args, stop) -> int:
+    from .autotune import autotune
+    from .autotune.search import NothingFits
+
+    cfg = _config(args, dict(args.toggle))
+    json_path = check_writable(args.json, "--json") if args.json else None
+    if args.budget_mb is not None and not args.budget_mb > 0:
+        raise ConfigError(f"--budget-mb must be a positive number of MiB, got {args.budget_mb}")
+    budget = int(args.budget_mb * 2**20) if args.budget_mb is not None else None
+    try:
+        result = autotune(cfg, budget_bytes=budget, time_budget_s=args.time_budget_s, run_steps=args.run_steps,
+                          steps=cfg.steps, warmup_steps=cfg.warmup_steps, stop=stop,
+                          on_candidate=lambda c, s: _progress(f"{c.label}: {'kept' if c.accepted else 'not kept'}"
+                                                              f" — {c.reason}"))
+    except NothingFits as exc:
+        print(f"scalekit tune: {exc}", file=sys.stderr)
+        return 1
+    print(result.table().to_string(index=False))
+    print(result.summary())
+    print(f"best: {' '.join(f'--toggle {n}' if v is True else f'--toggle {n}={v}' for n, v in result.best.toggles.items())}"
+          f" --batch-size {result.best.batch_size}")
+    if json_path is not None:
+        write_results_json(json_path, result.to_dict())
+    return 0
+
+
+COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
             "doctor": cmd_doctor, "toggles": cmd_toggles}
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ def test_real_gains_are_kept_and_gains_within_noise_are_not():
 
 
 def test_a_gain_inside_the_measured_noise_is_rejected_even_above_the_minimum():
-    # rounds alternate ±6%: a 5% gain sits inside the noise the pairs themselves show
-    machine = Machine(speed={"bf16": 1.05}, noise=(0.0, 0.06, 0.0, -0.06))
+    # the candidate's two runs come out 6% high and 6% low: a 5% gain sits inside the noise the pairs show
+    machine = Machine(speed={"bf16": 1.05}, noise=(0.0, 0.0, 0.06, -0.06, 0.0))
     result = search(START, machine.space(CHANGES[:1]))
     bf16 = result.candidates[0]
     assert bf16.noise > MIN_GAIN and not bf16.accepted and bf16.reason.startswith("within noise")
@@ -136,8 +136,8 @@ def test_memory_levers_are_not_tried_when_the_best_already_fits():
 
 @pytest.mark.parametrize("run_steps,kept", [(50, False), (100_000, True)])
 def test_compile_time_is_weighed_against_the_planned_run(run_steps, kept):
-    # 2× per step (a step goes from 1 ms to 0.5 ms): 10 s of compilation pays off only over many steps
-    machine = Machine(speed={"compile": 2.0}, compile_s=10.0)
+    # 2× per step (a step goes from 1 s to 0.5 s): 100 s of compilation pays off only over many steps
+    machine = Machine(speed={"compile": 2.0}, compile_s=100.0)
     result = search(START, machine.space(CHANGES[3:]), run_steps=run_steps)
     compile_ = result.candidates[0]
     assert compile_.accepted is kept and f"run_steps={run_steps}" in compile_.reason
@@ -151,11 +151,20 @@ def test_larger_batches_are_tried_last_on_the_best_configuration():
 
 
 def test_the_time_budget_stops_the_search_cleanly_with_the_best_so_far():
-    ticks = itertools.count(0, 1.0)  # each clock read is one more "second"
+    now = [0.0]
     machine = Machine(speed={"bf16": 1.5, "sdpa": 1.5, "fused_adamw": 1.5})
-    result = search(START, machine.space(CHANGES[:3]), time_budget_s=12, clock=lambda: next(ticks))
+    space = machine.space(CHANGES[:3])
+    real = space.measure
+
+    def measure(cfg):  # every measured run takes one second of the scripted clock
+        now[0] += 1.0
+        return real(cfg)
+
+    space = dataclasses.replace(space, measure=measure)
+    result = search(START, space, time_budget_s=12, clock=lambda: now[0])
     assert result.stopped.startswith("time budget") and 0 < len(result.candidates) < 3
     assert result.best.toggles  # what was kept before the budget ran out
+    assert now[0] <= 12  # it stopped before a candidate that would have ended past the budget
 
 
 def test_stop_ends_the_search_and_a_cut_short_candidate_is_not_kept():
@@ -194,3 +203,45 @@ def test_autotune_on_the_tiny_gpt_for_real():
     again = scalekit.run(dataclasses.replace(result.best, steps=4, warmup_steps=1), hw=CPU)
     assert again.status == "ok" and again.peak_mem_bytes <= 64 * 2**20
     assert result.search.elapsed_s < 120
+
+
+def test_the_lab_finds_the_fastest_live_and_stop_ends_the_search(monkeypatch):
+    from scalekit import Lab
+    from scalekit.widgets import tune as tune_view
+
+    # the Lab's side of it, on the scripted machine: the candidates drawn, the winner selected in the panel
+    machine = Machine(speed={"sdpa": 1.6, "fused_adamw": 1.3})
+
+    def scripted(cfg, budget_bytes=None, time_budget_s=0, run_steps=0, steps=0, warmup_steps=0, stop=None,
+                 on_candidate=None, hw=None):
+        from scalekit.autotune import TuneResult
+
+        start = cfg.resolve(CPU)
+        found = search(start, machine.space([("sdpa", {"sdpa": True}), ("fused", {"fused_adamw": True}),
+                                             ("bf16", {"bf16": True})]), stop=stop, on_candidate=on_candidate)
+        return TuneResult(best=found.best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
+
+    monkeypatch.setattr(tune_view, "autotune", scripted)
+    lab = Lab(preset="tiny", steps=2, warmup_steps=0, device="cpu", hw=CPU, measure_memory=False)
+    assert lab.find_fastest(time_budget_s=60)
+    result = lab.tune.wait(60)
+    assert set(result.best.toggles) == {"sdpa", "fused_adamw"}
+    assert lab.panel.selected() == result.best.toggles  # the panel now shows the winner
+    kept, rest, line, best = lab.tune.figure.data
+    assert len(kept.x) == 2 and len(rest.x) == 1 and list(best.y) == [pytest.approx(1000 * 1.6 * 1.3)]
+    assert not lab.run_button.disabled and "chose" in lab.tune.outcome.value
+
+    # for real, and Stop pressed at once: the search ends within a step and the Lab is usable again
+    monkeypatch.undo()
+    lab2 = Lab(preset="tiny", steps=50, warmup_steps=0, device="cpu", hw=CPU, measure_memory=False)
+    assert lab2.find_fastest(time_budget_s=600)
+    lab2.stop()
+    lab2.tune.wait(120)
+    assert not lab2.tune.running and not lab2.run_button.disabled
+
+
+def test_stop_before_the_first_measurement_returns_the_start_unchanged():
+    stop = threading.Event()
+    stop.set()
+    result = search(START, Machine(speed={"bf16": 2.0}).space(CHANGES), stop=stop)
+    assert result.stopped == "stopped" and result.best is START and not result.candidates

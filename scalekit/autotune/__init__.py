@@ -72,10 +72,17 @@ class TuneResult:
                  "compile_s": c.compile_s, "why": c.reason} for c in self.search.candidates]
         return pd.DataFrame(rows)
 
+    def to_dict(self) -> dict:
+        s = self.search
+        return {"best": self.best.to_dict(), "best_tokens_per_s": s.best_tokens_per_s,
+                "best_peak_bytes": s.best_peak_bytes, "budget_bytes": self.budget_bytes, "run_steps": self.run_steps,
+                "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
+                "candidates": [dataclasses.asdict(c) for c in s.candidates]}
+
     def summary(self) -> str:
         s = self.search
         kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
-        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "")
+        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "not measured")
         stop = f"; stopped early: {s.stopped}" if s.stopped else ""
         return (f"chose {self.best.describe()} ({speed}) after {len(s.candidates)} candidates in {s.elapsed_s:.0f} s; "
                 f"kept: {kept}{stop}")
@@ -112,8 +119,10 @@ def _check(budget_bytes, time_budget_s, run_steps, steps) -> None:
 def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     """The search space on this machine: the changes that exist and apply, the toggles' own rules, the planner,
     and scalekit.run."""
+    bf16_here = "bf16" in TOGGLES and TOGGLES["bf16"].available(hw)[0]
     changes = [(label, t) for label, t in CHANGES if all(n in TOGGLES for n in t)
-               and not (base.custom_model and any(TOGGLES[n].gpt_only for n in t))]
+               and not (base.custom_model and any(TOGGLES[n].gpt_only for n in t))
+               and not ("fp16" in t and bf16_here)]  # fp16 is what to try where bf16 is not
 
     def available(name: str) -> tuple[bool, str]:
         return TOGGLES[name].available(hw)

@@ -91,6 +91,9 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
     t0 = clock()
     first = space.measure(start)
     one_run_s = clock() - t0  # what one measurement costs here: a candidate takes 2 × ROUNDS of them
+    if stop is not None and stop.is_set():
+        return Search(start=start, best=start, best_tokens_per_s=None, best_peak_bytes=None, stopped="stopped",
+                      elapsed_s=clock() - t0)
     if first.failed:
         raise RuntimeError(f"the starting configuration does not run: {first.failed}")
     result = Search(start=start, best=start, best_tokens_per_s=first.tokens_per_s, best_peak_bytes=first.peak_bytes)
@@ -118,9 +121,12 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
                 if stop is not None and stop.is_set():  # its runs were cut short: not a measurement
                     result.best, result.best_tokens_per_s, result.best_peak_bytes = before
                     candidate.accepted, candidate.reason = False, "stopped during its measurement"
+                    result.stopped = "stopped"
         result.candidates.append(candidate)
         if on_candidate is not None:
             on_candidate(candidate, result)
+        if result.stopped:
+            break
     result.elapsed_s = clock() - t0
     if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
         raise NothingFits(f"no configuration tried fits {budget_bytes / 2**20:.1f} MiB: the best measured peak is "

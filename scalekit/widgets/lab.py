@@ -40,6 +40,7 @@ from ..toggles import TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
+from .tune import TuneControls
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
 MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
@@ -93,6 +94,7 @@ class Lab:
         self._make_controls(steps)
         self._make_views()
         self._connect()
+        self.tune = TuneControls(self)  # "Find the fastest": autotune from the panel's selection
         self.widget = self._layout()
 
     def _make_controls(self, steps: int) -> None:
@@ -151,7 +153,7 @@ class Lab:
                          + ([self.processes] if launchable else []))
         widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
                          self.message, self.plots.widget(), self.table, self.memory_bar,
-                         w.HBox([self.csv_button, self.json_button]), self.log])
+                         w.HBox([self.csv_button, self.json_button]), self.tune.widget, self.log])
         widget.add_class("scalekit-lab")
         return widget
 
@@ -206,6 +208,12 @@ class Lab:
                                         daemon=True)
         self._thread.start()
         return True
+
+    def find_fastest(self, budget_mb: float | None = None, time_budget_s: float | None = None,
+                     run_steps: int = 1000) -> bool:
+        """What "Find the fastest" does: autotune from the current selection in the background (see
+        Lab.tune.result); when it is done the panel shows the winner.  Stop ends the search within one step."""
+        return self.tune.start(budget_mb, time_budget_s, run_steps)
 
     def stop(self) -> None:
         """What Stop does: the run ends before its next step; what it measured is kept, marked stopped."""
