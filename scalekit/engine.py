@@ -121,6 +121,15 @@ class StepLog:
         self.losses: list[torch.Tensor] = []
         self.wall_t0: float | None = None
         self.measured_tokens = 0
+        self.fetched_t0: int | None = None  # batches the pipeline had delivered when measurement began
+
+    def begin_measuring(self) -> None:
+        """The warm-up is over: the device's queue drained, peak memory reset, the wall clock started."""
+        synchronize(self.ctx.device)
+        memory.cuda_memory_reset(self.ctx.device)
+        self.wall_t0 = time.perf_counter()
+        if self.ctx.batch_counter is not None:
+            self.fetched_t0 = self.ctx.batch_counter.count
 
     def add(self, loss: torch.Tensor, tokens: int) -> None:
         self.losses.append(loss.detach())
@@ -155,13 +164,13 @@ class StepLog:
 
     def _report(self, values: list[float] | None, mem) -> None:
         warmup = self.ctx.config.warmup_steps
-        times = self.timer.collect()
+        times, waits = self.timer.collect_with_waits()
         for k, ms in enumerate(times):
             j = self.first + k
             last = k == len(times) - 1 and values is not None
             record = StepRecord(step=j, warmup=j < warmup, step_ms=ms, tokens_per_s=self.tokens[k] / (ms / 1e3),
                                 loss=values[-1] if last else None, mem_bytes=mem if last else None,
-                                tokens=self.tokens[k])
+                                tokens=self.tokens[k], data_wait_ms=waits[k])
             self.result.steps.append(record)
             if j >= warmup:
                 self.measured_tokens += self.tokens[k]
@@ -176,6 +185,8 @@ class StepLog:
         synchronize(self.ctx.device)
         if self.wall_t0 is not None:
             self.result.tokens_per_s_wall = self.measured_tokens / (time.perf_counter() - self.wall_t0)
+        if self.fetched_t0 is not None:
+            self.result.batches_fetched = self.ctx.batch_counter.count - self.fetched_t0
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
@@ -190,12 +201,11 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
                 result.status = "stopped"
                 break
             if i == cfg.warmup_steps:
-                synchronize(ctx.device)
-                memory.cuda_memory_reset(ctx.device)
                 status(f"measuring {cfg.steps} steps")
-                log.wall_t0 = time.perf_counter()
+                log.begin_measuring()
             log.timer.start()
             batch = next(ctx.batches)
+            log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
             tokens = batch_tokens(ctx, batch)
             loss = train_step(ctx, batch)
             for hook in ctx.after_step:
@@ -247,6 +257,17 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
         result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
     if result.losses:
         result.final_loss = result.losses[-1][1]
+    _summarise_data_wait(result)
+
+
+def _summarise_data_wait(result: RunResult) -> None:
+    """The wait for data over the measured steps: its median and spread, and its share of the step time."""
+    steps = [s for s in result.steps if not s.warmup and s.data_wait_ms is not None]
+    if not steps:
+        return
+    result.data_wait_ms = Spread.of([s.data_wait_ms for s in steps])
+    # total wait over total time, not a median of shares: with data_echo most steps wait for nothing
+    result.data_wait_frac = sum(s.data_wait_ms for s in steps) / sum(s.step_ms for s in steps)
 
 
 def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:

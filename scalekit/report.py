@@ -10,14 +10,16 @@ def _fmt(value, spec: str, missing: str = "—") -> str:
 
 
 def results_table(results: list[RunResult]) -> str:
-    """One line per run: median step time with its spread, throughput, speed-up vs the first row, memory, MFU."""
+    """One line per run: median step time with its spread, throughput, speed-up vs the first row, the wait for
+    data (median per step, and its share of the step time), memory, MFU."""
     base = next((r for r in results if r.finished and r.status != "diverged"), None) or \
         next((r for r in results if r.finished), None)
-    header = ["run", "step ms", "p25–p75 ms", "tokens/s", "speed-up", "peak MB", "mem ×", "MFU", "loss", "note"]
+    header = ["run", "step ms", "p25–p75 ms", "tokens/s", "speed-up", "data wait", "peak MB", "mem ×", "MFU", "loss",
+              "note"]
     rows = []
     for r in results:
         if not r.finished:
-            rows.append([r.label, "—", "—", "—", "—", "—", "—", "—", "—", f"{r.status}: {r.error or ''}".strip()])
+            rows.append([r.label, *["—"] * (len(header) - 2), f"{r.status}: {r.error or ''}".strip()])
             continue
         s = r.step_ms
         speedup = base.step_ms.median / s.median if base else None
@@ -32,11 +34,11 @@ def results_table(results: list[RunResult]) -> str:
             notes.insert(0, f"DIVERGED (not ok): {r.error}")
         rows.append([
             r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", f"{r.tokens_per_s:,.0f}", f"{speedup:.2f}×",
-            _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),
+            _data_wait(r), _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),
             "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%", _fmt(r.final_loss, ".4f"), "; ".join(notes),
         ])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    numeric = set(range(1, 9))
+    numeric = set(range(1, len(header) - 1))
 
     def line(cells) -> str:
         return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
@@ -47,6 +49,13 @@ def results_table(results: list[RunResult]) -> str:
     mfu_notes = {r.mfu_note for r in results if r.finished and r.mfu is None and r.mfu_note}
     footer += [f"MFU {note}" for note in sorted(mfu_notes)]
     return "\n".join(out + footer)
+
+
+def _data_wait(r: RunResult) -> str:
+    """The median wait for data per step, and its share of the step time: '3.10 ms (62%)'."""
+    if r.data_wait_ms is None or not r.data_wait_ms.n or r.data_wait_frac is None:
+        return "—"
+    return f"{r.data_wait_ms.median:.2f} ms ({100 * r.data_wait_frac:.0f}%)"
 
 
 def facts_table(facts: list[tuple[str, str]]) -> str:

@@ -70,15 +70,22 @@ def window_loader(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, 
                       drop_last=drop_last, generator=generator, **loader_kwargs)
 
 
-def shakespeare_batches(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
-                        split: str = "train", **loader_kwargs) -> Iterator:
-    """Endless full batches of windows of the corpus (FullBatches: no short batch at an epoch's end)."""
+def shakespeare_loader(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
+                       split: str = "train", **loader_kwargs) -> DataLoader:
+    """A DataLoader of endless full batches of windows of the corpus (FullBatches: no short batch at an
+    epoch's end)."""
     dataset = TokenWindows(load_tokens(split), seq_len)
     generator = torch.Generator().manual_seed(seed)
     sampler = FullBatches(len(dataset), batch_size, generator, drop_last)
     # the loader draws from the generator too (a seed for workers) before the sampler's first shuffle,
     # as a shuffling DataLoader does: the first epoch's batches are the same as DataLoader(shuffle=True)'s
-    return iter(DataLoader(dataset, batch_sampler=sampler, generator=generator, **loader_kwargs))
+    return DataLoader(dataset, batch_sampler=sampler, generator=generator, **loader_kwargs)
+
+
+def shakespeare_batches(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
+                        split: str = "train", **loader_kwargs) -> Iterator:
+    """Endless full batches of windows of the corpus."""
+    return iter(shakespeare_loader(seq_len, batch_size, seed, drop_last, split, **loader_kwargs))
 
 
 def synthetic_batches(vocab_size: int, seq_len: int, batch_size: int, seed: int,
