@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import distributed, hardware
 from .config import RunConfig
-from .data import CountedBatches, LoaderBatches, shakespeare_loader, synthetic_batches
+from .data import CountedBatches, LoaderBatches, raw_loader, shakespeare_loader, synthetic_batches
 from .errors import ConfigError
 from .measure import flops as flops_mod
 from .measure import memory
@@ -91,7 +91,12 @@ def make_batches(ctx: BuildContext) -> Iterator:
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
-    loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, **ctx.loader_kwargs)
+    if cfg.data == "shakespeare-raw":
+        loader = raw_loader(cfg.seq_len, cfg.batch_size, cfg.seed, cfg.transform_rounds,
+                            pretokenized=ctx.read_training_format, batch_transforms=ctx.batch_transforms,
+                            **ctx.loader_kwargs)
+    else:
+        loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, **ctx.loader_kwargs)
     return LoaderBatches(loader, device, non_blocking=True)
 
 

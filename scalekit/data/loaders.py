@@ -1,4 +1,8 @@
-"""Batches for the built-in GPT: windows of the shipped corpus, or synthetic tokens at any vocab size."""
+"""Batches for the built-in GPT: windows of the shipped corpus, or synthetic tokens at any vocab size.
+
+The corpus comes in two forms: "shakespeare" reads its training format (the pre-tokenized memmap), and
+"shakespeare-raw" tokenizes and transforms raw text per sample (`scalekit.data.raw`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..errors import ConfigError
 from .shakespeare import load_tokens
 
-DATA_SOURCES = ("shakespeare", "synthetic")
+DATA_SOURCES = ("shakespeare", "shakespeare-raw", "synthetic")
 
 
 class TokenWindows(Dataset):
