@@ -1,4 +1,4 @@
-"""The raw data source: the same windows as the training format, in the same order, with per-sample noise."""
+"""The raw data source and the toggles that change its pieces give the same batches, in the same order."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from scalekit import RunConfig, run
 from scalekit.data import noise
-from scalekit.errors import ConfigError
-from tests.helpers import CPU, built, learns, tiny
+from scalekit.errors import ConfigError, ToggleUnavailable
+from scalekit.toggles import TOGGLES
+from tests.helpers import CPU, Regressor, built, learns, mse_loss, regression_batch, tiny
 
 # long windows and large batches: an epoch is a few batches, so the batches compared cross epoch edges and
 # the raw text's block edges (every 65,536 characters), at a transform cost of one round
@@ -40,6 +41,10 @@ def test_the_raw_source_cuts_the_same_windows_in_the_same_order_as_the_training_
     # without its transform, the raw source is the pre-tokenized "shakespeare" source, batch for batch
     raw = batches(tiny(**{**SHAPES, "transform_rounds": 0}))
     assert_same(raw, batches(tiny(seq_len=4096, batch_size=100, data="shakespeare")))
+
+
+def test_training_format_gives_the_same_token_batches_as_tokenizing_raw_text(raw_batches):
+    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["training_format"])))
 
 
 def test_the_noise_touches_inputs_only_about_5_percent_and_fresh_each_epoch(raw_batches):
@@ -89,3 +94,12 @@ def test_the_raw_source_resolves_its_default_cost():
 
     assert RunConfig(data="shakespeare-raw").resolve(CPU).transform_rounds == DEFAULT_TRANSFORM_ROUNDS
     assert RunConfig(data="shakespeare").resolve(CPU).transform_rounds is None
+
+
+@pytest.mark.parametrize("name", ["training_format"])
+def test_data_toggles_say_when_they_change_nothing_and_refuse_a_users_model(name):
+    with built(tiny(data="synthetic", toggles=[name])) as ctx:
+        assert any(name in note and "changes nothing" in note for note in ctx.notes)
+    with pytest.raises(ToggleUnavailable, match="your own model"):
+        RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss, toggles=[name])
+    assert TOGGLES[name].available(CPU)[0]

@@ -41,6 +41,7 @@ NOTES = {
     "compile": "compile fuses ops and can keep less; this plan is for eager execution",
     "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
+    "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]

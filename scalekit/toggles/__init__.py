@@ -19,6 +19,7 @@ from . import (
     optim,
     sdpa,
     tf32,
+    training_format,
 )
 from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
 
@@ -34,6 +35,7 @@ ORDER: tuple[Toggle, ...] = (
     bf16.TOGGLE,
     fp16.TOGGLE,
     drop_last.TOGGLE,
+    training_format.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
     optim.TOGGLE,
