@@ -47,6 +47,11 @@ def test_training_format_gives_the_same_token_batches_as_tokenizing_raw_text(raw
     assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["training_format"])))
 
 
+def test_vectorized_transforms_give_the_same_batches_as_the_per_sample_loop(raw_batches):
+    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["vectorized_transforms"])))
+    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["vectorized_transforms", "training_format"])))
+
+
 def test_the_noise_touches_inputs_only_about_5_percent_and_fresh_each_epoch(raw_batches):
     clean = batches(tiny(**{**SHAPES, "transform_rounds": 0}))
     xs, ys = torch.cat([x for x, _ in raw_batches]), torch.cat([y for _, y in raw_batches])
@@ -96,7 +101,7 @@ def test_the_raw_source_resolves_its_default_cost():
     assert RunConfig(data="shakespeare").resolve(CPU).transform_rounds is None
 
 
-@pytest.mark.parametrize("name", ["training_format"])
+@pytest.mark.parametrize("name", ["training_format", "vectorized_transforms"])
 def test_data_toggles_say_when_they_change_nothing_and_refuse_a_users_model(name):
     with built(tiny(data="synthetic", toggles=[name])) as ctx:
         assert any(name in note and "changes nothing" in note for note in ctx.notes)

@@ -42,6 +42,8 @@ NOTES = {
     "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
     "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
+    "vectorized_transforms": "vectorized_transforms changes how the input pipeline transforms a batch (its "
+                             "temporaries are the size of one batch), not a step's memory",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]

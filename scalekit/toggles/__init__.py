@@ -20,6 +20,7 @@ from . import (
     sdpa,
     tf32,
     training_format,
+    vectorized_transforms,
 )
 from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
 
@@ -36,6 +37,7 @@ ORDER: tuple[Toggle, ...] = (
     fp16.TOGGLE,
     drop_last.TOGGLE,
     training_format.TOGGLE,
+    vectorized_transforms.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
     optim.TOGGLE,
