@@ -34,7 +34,9 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
     p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
-    p.add_argument("--data", default="auto", help="shakespeare, synthetic or auto (default)")
+    p.add_argument("--data", default="auto", help="shakespeare, shakespeare-raw, synthetic or auto (default)")
+    p.add_argument("--transform-rounds", type=int, default=None, metavar="N",
+                   help="with --data shakespeare-raw: its per-sample transform's cost (hash rounds per token)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
@@ -45,7 +47,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory)
+                     transform_rounds=args.transform_rounds, device=args.device, seed=args.seed,
+                     peak_tflops=args.peak_tflops, check_memory=args.check_memory)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
-         "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
+         "log_every": "--log-every", "data": "--data", "transform_rounds": "--transform-rounds", "device": "--device", "seed": "--seed", "preset": "--preset",
          "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check"}
 
 

@@ -298,7 +298,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def plain_error(exc: BaseException) -> str:
     """A failure in words a user can act on, without the traceback."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if "Original Traceback" in str(exc):  # raised again from a DataLoader worker: say what the worker raised
+        text = f"{text.rstrip('.')}: {lines[-1].strip()}"
     if is_out_of_memory(exc):
         return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
     if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:

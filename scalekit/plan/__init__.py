@@ -44,6 +44,8 @@ NOTES = {
     "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
     "vectorized_transforms": "vectorized_transforms changes how the input pipeline transforms a batch (its "
                              "temporaries are the size of one batch), not a step's memory",
+    "dataloader_num_workers": "dataloader_num_workers adds worker processes, each with its own memory (a few "
+                              "batches in flight and a copy-on-write view of the dataset), outside this plan",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
