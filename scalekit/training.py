@@ -97,7 +97,7 @@ def make_batches(ctx: BuildContext) -> Iterator:
                             **ctx.loader_kwargs)
     else:
         loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, **ctx.loader_kwargs)
-    return LoaderBatches(loader, device, non_blocking=True)
+    return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
 
 
 def split_batch(batch, parts: int) -> list:

@@ -46,6 +46,8 @@ NOTES = {
                              "temporaries are the size of one batch), not a step's memory",
     "dataloader_num_workers": "dataloader_num_workers adds worker processes, each with its own memory (a few "
                               "batches in flight and a copy-on-write view of the dataset), outside this plan",
+    "dataloader_pin_memory": "dataloader_pin_memory keeps a few batches in pinned host memory, not device memory",
+    "non_blocking": "non_blocking changes when the copy of a batch to the device runs, not its size",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
