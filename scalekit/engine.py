@@ -121,15 +121,12 @@ class StepLog:
         self.losses: list[torch.Tensor] = []
         self.wall_t0: float | None = None
         self.measured_tokens = 0
-        self.fetched_t0: int | None = None  # batches the pipeline had delivered when measurement began
 
     def begin_measuring(self) -> None:
         """The warm-up is over: the device's queue drained, peak memory reset, the wall clock started."""
         synchronize(self.ctx.device)
         memory.cuda_memory_reset(self.ctx.device)
         self.wall_t0 = time.perf_counter()
-        if self.ctx.batch_counter is not None:
-            self.fetched_t0 = self.ctx.batch_counter.count
 
     def add(self, loss: torch.Tensor, tokens: int) -> None:
         self.losses.append(loss.detach())
@@ -185,8 +182,8 @@ class StepLog:
         synchronize(self.ctx.device)
         if self.wall_t0 is not None:
             self.result.tokens_per_s_wall = self.measured_tokens / (time.perf_counter() - self.wall_t0)
-        if self.fetched_t0 is not None:
-            self.result.batches_fetched = self.ctx.batch_counter.count - self.fetched_t0
+        if self.ctx.batch_counter is not None:  # before the memory probe's extra step
+            self.result.batches_fetched = self.ctx.batch_counter.count
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:

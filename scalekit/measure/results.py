@@ -47,7 +47,7 @@ class RunResult:
     # the device unless that overlapped compute), over measured steps; the share is total wait / total step time
     data_wait_ms: Spread | None = None
     data_wait_frac: float | None = None
-    batches_fetched: int | None = None  # batches the input pipeline delivered during the measured steps
+    batches_fetched: int | None = None  # batches the input pipeline delivered over the run's steps (warm-up too)
     tokens_per_s: float | None = None  # tokens_per_step / median step time
     tokens_per_s_wall: float | None = None  # measured tokens / wall time of the measured loop, harness included
     first_step_ms: float | None = None  # includes compilation when compile is on
@@ -76,10 +76,10 @@ class RunResult:
 
     @property
     def steps_per_batch(self) -> float | None:
-        """Measured optimizer steps per batch fetched from the input pipeline (more than 1 with data_echo)."""
-        if not self.batches_fetched or not self.step_ms or not self.step_ms.n:
+        """Optimizer steps per batch fetched from the input pipeline, warm-up included (k with data_echo=k)."""
+        if not self.batches_fetched or not self.steps:
             return None
-        return self.step_ms.n / self.batches_fetched
+        return len(self.steps) / self.batches_fetched
 
     def memory_breakdown(self) -> dict[str, int] | None:
         """{part: bytes} for params, grads, optimizer_state, activations, and their sum the peak; None if not measured."""

@@ -48,6 +48,7 @@ NOTES = {
                               "batches in flight and a copy-on-write view of the dataset), outside this plan",
     "dataloader_pin_memory": "dataloader_pin_memory keeps a few batches in pinned host memory, not device memory",
     "non_blocking": "non_blocking changes when the copy of a batch to the device runs, not its size",
+    "data_echo": "data_echo repeats batches; a step's memory is the same",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
