@@ -68,6 +68,7 @@ class Watcher:
             self.action(self)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine, on purpose
 def test_workers_give_the_same_batches_in_the_same_order_as_no_workers():
     # across several epochs, with the per-sample transform in the workers, and with the batch one
     from tests.test_data_pipeline import N_BATCHES
