@@ -12,7 +12,7 @@ import threading
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
 from .files import check_writable
-from .ladder import LADDERS
+from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
 from .measure.results import write_results_json
 from .toggles import TOGGLES
@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
     lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
-                     help="which ladder (default: train)")
+                     help="which ladder: train (the model's optimizations, the default) or data (chapter 05's)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
     bench = sub.add_parser("bench", help="measure one configuration")
@@ -119,7 +119,7 @@ def cmd_ladder(args, stop) -> int:
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
-    print(results_table(results))
+    print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")))
     if json_path is not None:
         write_results_json(json_path, [r.to_dict() for r in results])
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1

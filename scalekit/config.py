@@ -113,9 +113,8 @@ class RunConfig:
         if self.transform_rounds is None:
             return
         _int_in("transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
-        if self.data != "shakespeare-raw":
-            raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
-                              f"data='shakespeare-raw'; data={self.data!r} has no such transform: leave it None")
+        if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
+            _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
@@ -160,6 +159,8 @@ class RunConfig:
         rounds = self.transform_rounds
         if data == "shakespeare-raw" and rounds is None:
             rounds = DEFAULT_TRANSFORM_ROUNDS
+        elif data != "shakespeare-raw" and rounds is not None:
+            _transform_without_raw(data)
         return dataclasses.replace(self, preset=preset, data=data, batch_size=batch, seq_len=seq,
                                    transform_rounds=rounds, toggles=dict(self.toggles),
                                    label=self.label or self.describe())
@@ -200,6 +201,11 @@ INT_RANGES = {
 }
 LR_RANGE = (1e-8, 1.0)
 TRANSFORM_ROUNDS_RANGE = (0, 100_000)
+
+
+def _transform_without_raw(data: str) -> None:
+    raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
+                      f"data='shakespeare-raw'; data={data!r} has no such transform: leave it None")
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

@@ -9,20 +9,29 @@ def _fmt(value, spec: str, missing: str = "—") -> str:
     return missing if value is None else format(value, spec)
 
 
-def results_table(results: list[RunResult]) -> str:
+def results_table(results: list[RunResult], throughput: str = "median") -> str:
     """One line per run: median step time with its spread, throughput, speed-up vs the first row, the wait for
-    data (median per step, and its share of the step time), memory, MFU."""
+    data (median per step, and its share of the step time), memory, MFU.
+
+    throughput "median" is tokens per median step; "wall" is measured tokens over the measured loop's wall
+    time, the honest figure when steps differ by design (data_echo: one step in k waits for data)."""
+    if throughput not in ("median", "wall"):
+        raise ValueError(f"results_table: throughput must be 'median' or 'wall', got {throughput!r}")
     base = next((r for r in results if r.finished and r.status != "diverged"), None) or \
         next((r for r in results if r.finished), None)
-    header = ["run", "step ms", "p25–p75 ms", "tokens/s", "speed-up", "data wait", "peak MB", "mem ×", "MFU", "loss",
-              "note"]
+    header = ["run", "step ms", "p25–p75 ms", "tokens/s" if throughput == "median" else "tokens/s (wall)",
+              "speed-up", "data wait", "peak MB", "mem ×", "MFU", "loss", "note"]
     rows = []
     for r in results:
         if not r.finished:
             rows.append([r.label, *["—"] * (len(header) - 2), f"{r.status}: {r.error or ''}".strip()])
             continue
         s = r.step_ms
-        speedup = base.step_ms.median / s.median if base else None
+        if throughput == "median":
+            rate, speedup = r.tokens_per_s, base.step_ms.median / s.median if base else None
+        else:
+            rate = r.tokens_per_s_wall
+            speedup = rate / base.tokens_per_s_wall if rate and base and base.tokens_per_s_wall else None
         mem_ratio = (r.peak_mem_bytes / base.peak_mem_bytes) if base and base.peak_mem_bytes and r.peak_mem_bytes \
             else None
         notes = list(r.notes)
@@ -33,7 +42,7 @@ def results_table(results: list[RunResult]) -> str:
         if r.status == "diverged":
             notes.insert(0, f"DIVERGED (not ok): {r.error}")
         rows.append([
-            r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", f"{r.tokens_per_s:,.0f}", f"{speedup:.2f}×",
+            r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", _fmt(rate, ",.0f"), _fmt(speedup, ".2f") + "×" * (speedup is not None),
             _data_wait(r), _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),
             "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%", _fmt(r.final_loss, ".4f"), "; ".join(notes),
         ])

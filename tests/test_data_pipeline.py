@@ -99,6 +99,8 @@ def test_the_raw_source_resolves_its_default_cost():
 
     assert RunConfig(data="shakespeare-raw").resolve(CPU).transform_rounds == DEFAULT_TRANSFORM_ROUNDS
     assert RunConfig(data="shakespeare").resolve(CPU).transform_rounds is None
+    with pytest.raises(ConfigError, match="RunConfig.transform_rounds"):  # 'auto' that is not the raw source
+        RunConfig(data="auto", transform_rounds=3).resolve(CPU)
 
 
 @pytest.mark.parametrize("name", ["training_format", "vectorized_transforms"])

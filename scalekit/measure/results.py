@@ -115,6 +115,7 @@ class RunResult:
             "step_ms": s.median if s else None,
             "step_ms_iqr": s.iqr if s else None,
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_wall": self.tokens_per_s_wall,
             "data_wait_ms": self.data_wait_ms.median if self.data_wait_ms and self.data_wait_ms.n else None,
             "data_wait_frac": self.data_wait_frac,
             "steps_per_batch": self.steps_per_batch,
@@ -136,8 +137,8 @@ def compare(results: list[RunResult]):
         base = rows[0]
         df["speedup"] = [_ratio(base["step_ms"], r["step_ms"]) for r in rows]
         df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base["peak_mem_mb"]) for r in rows]
-    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "data_wait_ms", "data_wait_frac",
-            "steps_per_batch", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "tokens_per_s_wall", "data_wait_ms",
+            "data_wait_frac", "steps_per_batch", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
     return df.reindex(columns=cols)
 
 

@@ -47,7 +47,8 @@ class DataloaderNumWorkers(CountToggle):
                                  timeout=BATCH_TIMEOUT_S)
         threads, cores = torch.get_num_threads(), os.cpu_count() or 1
         if ctx.device.type == "cpu" and workers + threads > cores:
-            ctx.notes.append(f"{workers} data workers and {threads} compute threads share {cores} cores")
+            ctx.notes.append(f"{workers} data worker{'s' * (workers > 1)} and {threads} compute "
+                             f"thread{'s' * (threads > 1)} share {cores} core{'s' * (cores > 1)}")
 
 
 TOGGLE = DataloaderNumWorkers()
