@@ -28,7 +28,7 @@ from .loaders import FullBatches
 from .noise import noise_batch, noise_sample
 from .shakespeare import CharTokenizer, corpus_text, load_tokens, split_text
 
-DEFAULT_TRANSFORM_ROUNDS = 32  # hash rounds per character when RunConfig.transform_rounds is None
+DEFAULT_TRANSFORM_ROUNDS = 64  # hash rounds per character when RunConfig.transform_rounds is None
 
 
 class RawText:
