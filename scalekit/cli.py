@@ -12,7 +12,7 @@ import threading
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
 from .files import check_writable
-from .ladder import LADDERS
+from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
 from .measure.results import write_results_json
 from .toggles import TOGGLES
@@ -34,8 +34,10 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
     p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
-    p.add_argument("--data", default="auto", help="shakespeare, synthetic, new-plays (the tail the shipped model "
-                                                   "never saw, for fine-tuning) or auto (default)")
+    p.add_argument("--data", default="auto", help="shakespeare, shakespeare-raw, synthetic, new-plays (the tail the "
+                                                   "shipped model never saw, for fine-tuning) or auto (default)")
+    p.add_argument("--transform-rounds", type=int, default=None, metavar="N",
+                   help="with --data shakespeare-raw: its per-sample transform's cost (hash rounds per token)")
     p.add_argument("--init", default="random", help="the built-in GPT's starting weights: random (default) or "
                                                     "pretrained (preset shakespeare-char)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -48,8 +50,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory,
-                     init=args.init)
+                     transform_rounds=args.transform_rounds, device=args.device, seed=args.seed,
+                     peak_tflops=args.peak_tflops, check_memory=args.check_memory, init=args.init)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
     lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
-                     help="which ladder (default: train)")
+                     help="which ladder: train (the model's optimizations, the default) or data (chapter 05's)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
     bench = sub.add_parser("bench", help="measure one configuration")
@@ -91,9 +93,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
-         "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
-         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check",
-         "init": "--init"}
+         "log_every": "--log-every", "data": "--data", "transform_rounds": "--transform-rounds", "device": "--device",
+         "seed": "--seed", "preset": "--preset", "peak_tflops": "--peak-tflops", "toggles": "--toggle",
+         "check_memory": "--no-memory-check", "init": "--init"}
 
 
 def flag_names(message: str) -> str:
@@ -132,7 +134,7 @@ def cmd_ladder(args, stop) -> int:
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
-    print(results_table(results))
+    print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")))
     if json_path is not None:
         write_results_json(json_path, [r.to_dict() for r in results])
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .data import DATA_SOURCES
+from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
 from .errors import ConfigError, ToggleUnavailable
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
@@ -41,7 +41,12 @@ class RunConfig:
     log_every: int = 5
     """Read the loss (a device sync) every this many steps."""
     data: str = "auto"
-    """'shakespeare' (the shipped corpus), 'synthetic' (random tokens), or 'auto' (the preset's choice)."""
+    """'shakespeare' (the shipped corpus, pre-tokenized), 'shakespeare-raw' (its raw text, tokenized and
+    transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), or 'auto' (the
+    preset's choice)."""
+    transform_rounds: int | None = None
+    """With data='shakespeare-raw': what its per-sample transform (character noise) costs, in hash rounds per
+    token (the work grows linearly with it; 0: no transform; None: scalekit.data.DEFAULT_TRANSFORM_ROUNDS)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     seed: int = 1337
@@ -95,10 +100,7 @@ class RunConfig:
                                        or len(self.label) > 200 or not self.label.isprintable()):
             raise ConfigError(f"RunConfig.label must be None or a printable name of 1 to 200 characters, "
                               f"got {self.label!r}")
-        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
-                                              and not (self.data == "custom" and self.model is not None)):
-            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
-                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        self._validate_data()
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
                                                     or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
@@ -109,6 +111,17 @@ class RunConfig:
         self._validate_model()
         self._validate_init()
         self._validate_toggle_pairs()
+
+    def _validate_data(self) -> None:
+        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
+                                              and not (self.data == "custom" and self.model is not None)):
+            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
+                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        if self.transform_rounds is None:
+            return
+        _int_in("transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
+        if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
+            _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
@@ -169,8 +182,14 @@ class RunConfig:
             data = "custom"
         batch = self.batch_size or p.batch_size
         seq = self.seq_len or p.block_size
+        rounds = self.transform_rounds
+        if data == "shakespeare-raw" and rounds is None:
+            rounds = DEFAULT_TRANSFORM_ROUNDS
+        elif data != "shakespeare-raw" and rounds is not None:
+            _transform_without_raw(data)
         return dataclasses.replace(self, preset=preset, data=data, batch_size=batch, seq_len=seq,
-                                   toggles=dict(self.toggles), label=self.label or self.describe())
+                                   transform_rounds=rounds, toggles=dict(self.toggles),
+                                   label=self.label or self.describe())
 
     def describe(self) -> str:
         if not self.toggles:
@@ -208,6 +227,12 @@ INT_RANGES = {
 }
 LR_RANGE = (1e-8, 1.0)
 INITS = ("random", "pretrained")
+TRANSFORM_ROUNDS_RANGE = (0, 100_000)
+
+
+def _transform_without_raw(data: str) -> None:
+    raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
+                      f"data='shakespeare-raw'; data={data!r} has no such transform: leave it None")
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

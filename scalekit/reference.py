@@ -27,6 +27,8 @@ FIGURES = {
     "kv_cache_speedup_1000_tokens": (4.7, "KV cache: ≈4.7× faster generation of 1,000 tokens (GPT-2, T4)"),
     "gpt2_a100_mfu": (0.50, "build-nanogpt reaches ≈50% MFU on an A100"),
     "llmc_a100_mfu": (0.60, "llm.c reaches ≈60% MFU on an A100 for GPT-2 124M"),
+    "data_echoing_wallclock_speedup": (3.25, "data echoing (Choi et al., 2019): ResNet-50 on ImageNet trained in "
+                                             "3.25× less wall-clock time with its data read over a network"),
 }
 
 
@@ -37,3 +39,7 @@ FINETUNE_FIGURES = {
     "qlora_vs_lora_peak_memory": (0.75, "Google Vertex AI guidance: QLoRA ≈75% less peak GPU memory than LoRA"),
     "lora_vs_qlora_speed": (1.66, "Google Vertex AI guidance: LoRA ≈66% faster than QLoRA"),
 }
+
+# torchtitan logs the share of each step spent loading data (its metric time_metrics/data_loading(%)): the
+# same question as a run's data_wait_frac, asked of large training runs.
+TORCHTITAN_DATA_LOADING_METRIC = "time_metrics/data_loading(%)"

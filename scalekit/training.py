@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import distributed, hardware
 from .config import RunConfig
-from .data import shakespeare_batches, synthetic_batches
+from .data import CountedBatches, LoaderBatches, raw_loader, shakespeare_loader, synthetic_batches
 from .errors import ConfigError
 from .measure import flops as flops_mod
 from .measure import memory
@@ -49,7 +49,10 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
 
 def build_batches(ctx: BuildContext) -> None:
     cfg = ctx.config
-    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs)
+    ctx.batch_counter = batches = CountedBatches(make_batches(ctx))
+    ctx.stack.callback(batches.close)  # a DataLoader's worker processes end with the run, however it ends
+    for wrap in ctx.batch_wrappers:  # e.g. data_echo: each fetched batch used for several steps
+        batches = wrap(batches)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
     ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
 
@@ -99,15 +102,22 @@ def load_pretrained_weights(model: torch.nn.Module, name: str) -> None:
     model.load_state_dict(state)
 
 
-def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict) -> Iterator:
+def make_batches(ctx: BuildContext) -> Iterator:
+    """The run's input pipeline, as the data toggles set it up (their BuildContext fields)."""
+    cfg, device = ctx.config, ctx.device
     if cfg.custom_model:
         return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
-    split = "new-plays" if cfg.data == "new-plays" else "train"
-    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, split=split, **loader_kwargs)
-    return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
+    if cfg.data == "shakespeare-raw":
+        loader = raw_loader(cfg.seq_len, cfg.batch_size, cfg.seed, cfg.transform_rounds,
+                            pretokenized=ctx.read_training_format, batch_transforms=ctx.batch_transforms,
+                            **ctx.loader_kwargs)
+    else:
+        split = "new-plays" if cfg.data == "new-plays" else "train"
+        loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, split=split, **ctx.loader_kwargs)
+    return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
 
 
 def split_batch(batch, parts: int) -> list:

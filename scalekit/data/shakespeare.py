@@ -148,3 +148,13 @@ def load_tokens(split: str = "train") -> np.memmap:
         cut = int(len(val) * NEW_PLAYS_TRAIN_FRACTION)
         return val[:cut] if split == "new-plays" else val[cut:]
     return np.memmap(training_file(split), dtype=np.uint16, mode="r")
+
+
+def split_text(split: str = "train") -> str:
+    """The raw text of `split`: the same characters, in the same place, as the tokens of load_tokens(split)
+    (one token per character)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    text = corpus_text()
+    n_train = int(len(text) * (1 - VAL_FRACTION))
+    return text[:n_train] if split == "train" else text[n_train:]

@@ -46,6 +46,14 @@ NOTES = {
     "compile": "compile fuses ops and can keep less; this plan is for eager execution",
     "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
+    "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
+    "vectorized_transforms": "vectorized_transforms changes how the input pipeline transforms a batch (its "
+                             "temporaries are the size of one batch), not a step's memory",
+    "dataloader_num_workers": "dataloader_num_workers adds worker processes, each with its own memory (a few "
+                              "batches in flight and a copy-on-write view of the dataset), outside this plan",
+    "dataloader_pin_memory": "dataloader_pin_memory keeps a few batches in pinned host memory, not device memory",
+    "non_blocking": "non_blocking changes when the copy of a batch to the device runs, not its size",
+    "data_echo": "data_echo repeats batches; a step's memory is the same",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]

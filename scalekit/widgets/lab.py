@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
-from ..plots import memory_breakdown_figure
+from ..plots import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..toggles import TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
@@ -135,6 +135,12 @@ class Lab:
                                                       barmode="stack", height=320, template="plotly_white",
                                                       margin=dict(l=60, r=10, t=40, b=40)))
         self.memory_bar.add_class("scalekit-memory-breakdown")
+        # each run's mean step split in the wait for its batch and the rest: a data-bound run stands out
+        self.time_bar = go.FigureWidget(layout=dict(title=dict(text="Time per step: waiting for data, and the rest "
+                                                               "(ms)", font=dict(size=14)),
+                                                    barmode="stack", height=320, template="plotly_white",
+                                                    margin=dict(l=60, r=10, t=40, b=40)))
+        self.time_bar.add_class("scalekit-data-wait")
 
     def _connect(self) -> None:
         self.run_button.on_click(self._guard(lambda _: self.start()))
@@ -152,7 +158,7 @@ class Lab:
         buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size]
                          + ([self.processes] if launchable else []))
         widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
-                         self.message, self.plots.widget(), self.table, self.memory_bar,
+                         self.message, self.plots.widget(), self.table, self.time_bar, self.memory_bar,
                          w.HBox([self.csv_button, self.json_button]), self.tune.widget, self.log])
         widget.add_class("scalekit-lab")
         return widget
@@ -337,6 +343,7 @@ class Lab:
                       f"as stopped.")
         self.table.value = results_html(self.results)
         self._show_memory()
+        self._show_step_time()
         self._set_status(f"{key}: {result.status}" + (f", {result.tokens_per_s:,.0f} tokens/s"
                                                       if result.tokens_per_s else ""))
         self._lock_controls(False)
@@ -350,6 +357,15 @@ class Lab:
         fig = memory_breakdown_figure(rows, title=self.memory_bar.layout.title.text)
         self.memory_bar.data = ()
         self.memory_bar.add_traces(list(fig.data))
+
+    def _show_step_time(self) -> None:
+        """Redraw the data-wait bars: one per run that measured steps."""
+        rows = [(f"#{n} {label}", parts) for n, r in self.runs for label, parts in step_time_rows([r])]
+        if not rows:
+            return
+        fig = step_time_figure(rows, title=self.time_bar.layout.title.text)
+        self.time_bar.data = ()
+        self.time_bar.add_traces(list(fig.data))
 
     def _lock_controls(self, locked: bool) -> None:
         self.panel.set_locked(locked)

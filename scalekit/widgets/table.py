@@ -9,8 +9,8 @@ import pandas as pd
 
 from ..measure.results import RunResult, compare
 
-COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "peak_mem_mb",
-           "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "data_wait_ms",
+           "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
 
 
 FINETUNE_COLUMNS = ["trainable_params", "trainable_%", "heldout_before", "heldout_after"]
@@ -47,13 +47,13 @@ def _nan(x) -> bool:
 def _fmt(column: str, value) -> str:
     if value is None or _nan(value):
         return "n/a" if column == "mfu" else "–"
-    if column == "mfu":
+    if column in ("mfu", "data_wait_frac"):
         return f"{value:.1%}"
     if column in ("speedup", "mem_ratio"):
         return f"{value:.2f}×"
     if column == "tokens_per_s":
         return f"{value:,.0f}"
-    if column in ("step_ms", "step_ms_iqr", "peak_mem_mb", "compile_s"):
+    if column in ("step_ms", "step_ms_iqr", "data_wait_ms", "peak_mem_mb", "compile_s"):
         return f"{value:.2f}"
     if column in ("final_loss", "heldout_before", "heldout_after"):
         return f"{value:.4f}"
@@ -65,7 +65,8 @@ def _fmt(column: str, value) -> str:
 
 
 HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "batch", "step_ms": "median step ms",
-           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "peak_mem_mb": "peak MB",
+           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "data_wait_ms": "data wait ms",
+           "data_wait_frac": "waiting for data", "peak_mem_mb": "peak MB",
            "mem_ratio": "memory ratio", "mfu": "MFU", "final_loss": "final loss", "compile_s": "compile s",
            "trainable_params": "trainable", "trainable_%": "trainable share", "heldout_before": "held-out before",
            "heldout_after": "held-out after",
