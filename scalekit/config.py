@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .data import DATA_SOURCES
+from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
 from .errors import ConfigError, ToggleUnavailable
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
@@ -41,7 +41,12 @@ class RunConfig:
     log_every: int = 5
     """Read the loss (a device sync) every this many steps."""
     data: str = "auto"
-    """'shakespeare' (the shipped corpus), 'synthetic' (random tokens), or 'auto' (the preset's choice)."""
+    """'shakespeare' (the shipped corpus, pre-tokenized), 'shakespeare-raw' (its raw text, tokenized and
+    transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), or 'auto' (the
+    preset's choice)."""
+    transform_rounds: int | None = None
+    """With data='shakespeare-raw': what its per-sample transform (character noise) costs, in hash rounds per
+    token (the work grows linearly with it; 0: no transform; None: scalekit.data.DEFAULT_TRANSFORM_ROUNDS)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     seed: int = 1337
@@ -62,6 +67,12 @@ class RunConfig:
     """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
+    init: str = "random"
+    """The built-in GPT's starting weights: 'random' (GPT-2's initialisation) or 'pretrained' (the shipped weights
+    of presets that have them: 'shakespeare-char')."""
+    adapter_targets: Sequence[str] | None = None
+    """Names of the linear layers that lora/dora/quantized_base act on (e.g. ('c_attn',)); None: every linear
+    layer inside the model's repeated blocks."""
     check_memory: bool = True
     """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
     eval_every: int = 0
@@ -95,10 +106,7 @@ class RunConfig:
                                        or len(self.label) > 200 or not self.label.isprintable()):
             raise ConfigError(f"RunConfig.label must be None or a printable name of 1 to 200 characters, "
                               f"got {self.label!r}")
-        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
-                                              and not (self.data == "custom" and self.model is not None)):
-            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
-                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        self._validate_data()
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
                                                     or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
@@ -107,8 +115,20 @@ class RunConfig:
             raise ConfigError(f"RunConfig.peak_tflops must be a positive number of TFLOP/s (at most 1e5) or None, "
                               f"got {self.peak_tflops!r}")
         self._validate_model()
+        self._validate_init()
         self._validate_toggle_pairs()
         self._validate_loops()
+
+    def _validate_data(self) -> None:
+        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
+                                              and not (self.data == "custom" and self.model is not None)):
+            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
+                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        if self.transform_rounds is None:
+            return
+        _int_in("transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
+        if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
+            _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
@@ -126,13 +146,32 @@ class RunConfig:
                 raise ToggleUnavailable(f"toggle {name!r} changes the built-in GPT and does not apply to your "
                                         f"own model (RunConfig.model)")
 
+    def _validate_init(self) -> None:
+        if self.init not in INITS:
+            raise ConfigError(f"RunConfig.init must be one of {_allowed(INITS)}, got {self.init!r}")
+        if self.init == "pretrained":
+            with_weights = [name for name, p in PRESETS.items() if p.pretrained]
+            if self.model is not None or self.preset not in with_weights:
+                raise ConfigError(f"RunConfig.init='pretrained' needs a preset that ships weights: "
+                                  f"{_allowed(with_weights)} (got preset {self.preset!r}"
+                                  f"{' and your own model' if self.model is not None else ''})")
+        if self.adapter_targets is not None:
+            targets = self.adapter_targets
+            if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets or \
+                    not all(isinstance(t, str) and t for t in targets):
+                raise ConfigError(f"RunConfig.adapter_targets must be None or a non-empty list of linear layer "
+                                  f"names (e.g. ['c_attn', 'c_fc']), got {targets!r}")
+            self.adapter_targets = tuple(targets)
+
     def _validate_toggle_pairs(self) -> None:
         for a, b, why in EXCLUSIVE:
             if a in self.toggles and b in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
-        for a, b, why in REQUIRES:
-            if a in self.toggles and b not in self.toggles:
-                raise ConfigError(f"RunConfig.toggles: {a!r} needs {b!r} on too: {why}")
+        for a, needs, why in REQUIRES:
+            options = (needs,) if isinstance(needs, str) else needs  # one toggle, or any one of several
+            if a in self.toggles and not any(b in self.toggles for b in options):
+                said = " or ".join(repr(b) for b in options)
+                raise ConfigError(f"RunConfig.toggles: {a!r} needs {said} on too: {why}")
 
     def _validate_loops(self) -> None:
         """Toggles that apply to generation only act on a training run's evaluation (eval_every); none may
@@ -166,8 +205,14 @@ class RunConfig:
             data = "custom"
         batch = self.batch_size or p.batch_size
         seq = self.seq_len or p.block_size
+        rounds = self.transform_rounds
+        if data == "shakespeare-raw" and rounds is None:
+            rounds = DEFAULT_TRANSFORM_ROUNDS
+        elif data != "shakespeare-raw" and rounds is not None:
+            _transform_without_raw(data)
         return dataclasses.replace(self, preset=preset, data=data, batch_size=batch, seq_len=seq,
-                                   toggles=dict(self.toggles), label=self.label or self.describe())
+                                   transform_rounds=rounds, toggles=dict(self.toggles),
+                                   label=self.label or self.describe())
 
     def describe(self) -> str:
         if not self.toggles:
@@ -207,6 +252,13 @@ INT_RANGES = {
     "eval_new_tokens": (0, 10**5),
 }
 LR_RANGE = (1e-8, 1.0)
+INITS = ("random", "pretrained")
+TRANSFORM_ROUNDS_RANGE = (0, 100_000)
+
+
+def _transform_without_raw(data: str) -> None:
+    raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
+                      f"data='shakespeare-raw'; data={data!r} has no such transform: leave it None")
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

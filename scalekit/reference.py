@@ -31,6 +31,8 @@ FIGURES = {
                                           "reported in João Lages, 'Transformers KV Caching Explained', 2023)"),
     "gpt2_a100_mfu": (0.50, "build-nanogpt reaches ≈50% MFU on an A100"),
     "llmc_a100_mfu": (0.60, "llm.c reaches ≈60% MFU on an A100 for GPT-2 124M"),
+    "data_echoing_wallclock_speedup": (3.25, "data echoing (Choi et al., 2019): ResNet-50 on ImageNet trained in "
+                                             "3.25× less wall-clock time with its data read over a network"),
 }
 
 # Inference: Llama-2-7B, batch 1, one A100, decode tokens/s as each optimization is added (cumulatively).
@@ -53,3 +55,15 @@ def recorded(name: str) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+# Fine-tuning with few trainable weights: what the methods were published with.
+FINETUNE_FIGURES = {
+    "qlora_65b_one_48gb_gpu": (65, "QLoRA (Dettmers et al., 2023): a 65B model fine-tuned on one 48 GB GPU"),
+    "answerai_70b_two_24gb_gpus": (70, "Answer.ai (2024): a 70B model fine-tuned on two 24 GB GPUs with FSDP + QLoRA"),
+    "qlora_vs_lora_peak_memory": (0.75, "Google Vertex AI guidance: QLoRA ≈75% less peak GPU memory than LoRA"),
+    "lora_vs_qlora_speed": (1.66, "Google Vertex AI guidance: LoRA ≈66% faster than QLoRA"),
+}
+
+# torchtitan logs the share of each step spent loading data (its metric time_metrics/data_loading(%)): the
+# same question as a run's data_wait_frac, asked of large training runs.
+TORCHTITAN_DATA_LOADING_METRIC = "time_metrics/data_loading(%)"

@@ -78,6 +78,11 @@ class BuildContext:
     grad_scaler: Any = None  # torch.amp.GradScaler for fp16 loss scaling, used by the stepper
     # -- data ------------------------------------------------------------------------------------------
     loader_kwargs: dict = field(default_factory=dict)  # DataLoader options set by data toggles
+    read_training_format: bool = False  # shakespeare-raw reads the pre-tokenized memmap instead of raw text
+    batch_transforms: bool = False  # shakespeare-raw's per-sample transform runs once per batch, with tensor ops
+    non_blocking_copy: bool = False  # batches are copied to the device with non_blocking=True
+    batch_wrappers: list = field(default_factory=list)  # callables(batches) -> batches around the pipeline (echo)
+    batch_counter: Any = None  # the pipeline's batches, counted before any wrapper (data.CountedBatches)
     batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
     # -- model -----------------------------------------------------------------------------------------
     gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)

@@ -21,7 +21,7 @@ from ..toggles import EXCLUSIVE, ORDER, Toggle
 
 OFF = "off"
 # What "none of the exclusive toggles" means, where the group has a better word for it than "off".
-NONE_LABEL = {"precision": "fp32", "optimizer": "AdamW (default)"}
+NONE_LABEL = {"precision": "fp32", "optimizer": "AdamW (default)", "finetune": "full fine-tuning"}
 
 
 @dataclass
