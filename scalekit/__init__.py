@@ -1,11 +1,15 @@
-"""scalekit: switch training optimizations on a live model and measure them honestly."""
+"""scalekit: switch training and inference optimizations on a live model and measure them honestly."""
 
 from . import launch  # callable: scalekit.launch(fn, *args, nprocs=N); also the package
+from .autotune import autotune
 from .batch_finder import find_batch_size
 from .config import RunConfig
 from .engine import build, run
 from .errors import ConfigError, ToggleUnavailable
 from .hardware import detect
+from .inference.config import GenerateConfig
+from .inference.engine import generate
+from .inference.results import GenerateResult, compare_generations
 from .measure.results import RunResult, compare
 from .plan import estimate
 from .toggles import TOGGLES
@@ -13,7 +17,8 @@ from .toggles import TOGGLES
 __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
-           "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch"]
+           "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch", "autotune", "generate",
+           "GenerateConfig", "GenerateResult", "compare_generations"]
 
 
 def load_ipython_extension(ipython):

@@ -12,7 +12,7 @@ import threading
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
 from .files import check_writable
-from .ladder import LADDERS
+from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
 from .measure.results import write_results_json
 from .toggles import TOGGLES
@@ -34,7 +34,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
     p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
-    p.add_argument("--data", default="auto", help="shakespeare, synthetic or auto (default)")
+    p.add_argument("--data", default="auto", help="shakespeare, shakespeare-raw, synthetic, new-plays (the tail the "
+                                                   "shipped model never saw, for fine-tuning) or auto (default)")
+    p.add_argument("--transform-rounds", type=int, default=None, metavar="N",
+                   help="with --data shakespeare-raw: its per-sample transform's cost (hash rounds per token)")
+    p.add_argument("--init", default="random", help="the built-in GPT's starting weights: random (default) or "
+                                                    "pretrained (preset shakespeare-char)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
@@ -45,10 +50,50 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                         "scalekit's GPT (needs transformers)")
 
 
+def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
+    """Options of `scalekit generate`; the inference ladder takes them too (the training ladder ignores them)."""
+    what = "inference ladder: " if ladder else ""
+    p.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                   help=f"{what}a prompt (repeatable: a batch of prompts; default 'ROMEO:')")
+    p.add_argument("--max-new-tokens", type=int, default=200, help=f"{what}tokens generated per prompt (default 200)")
+    p.add_argument("--model", default=None, help=f"{what}shakespeare-char (the shipped model, default) or a preset "
+                                                 f"name for random weights")
+    if ladder:
+        return
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
+    p.add_argument("--top-k", type=int, default=None, help="with sampling: draw from the k most likely tokens")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the unmeasured warm-up (default 8)")
+    p.add_argument("--no-quality", dest="quality", action="store_false",
+                   help="skip perplexity and agreement on held-out text")
+
+
+def _generate_config(args, toggles, ladder: bool = False):
+    from .inference import GenerateConfig
+
+    if ladder:  # the ladder's shared run options: only preset (as the model), device, seed and batch apply
+        unused = [flag for flag, value, default in (("--seq-len", args.seq_len, None), ("--steps", args.steps, 20),
+                  ("--data", args.data, "auto"), ("--warmup-steps", args.warmup_steps, 3)) if value != default]
+        if unused:
+            raise ConfigError(f"scalekit ladder inference: {', '.join(unused)} set how training is measured; the "
+                              f"inference ladder takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
+                              f"the prompt), --device and --seed")
+        model = args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
+        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens, device=args.device,
+                              seed=args.seed)
+    return GenerateConfig(model=args.model or "shakespeare-char", prompts=args.prompt or ["ROMEO:"],
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          seed=args.seed, toggles=toggles, device=args.device, warmup_tokens=args.warmup_tokens,
+                          quality=args.quality)
+
+
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     device=args.device, seed=args.seed, peak_tflops=args.peak_tflops, check_memory=args.check_memory,
+                     transform_rounds=args.transform_rounds, device=args.device, seed=args.seed,
+                     peak_tflops=args.peak_tflops, check_memory=args.check_memory, init=args.init,
                      model=_hf_model(args), **({"lr": args.lr} if getattr(args, "lr", None) is not None else {}))
 
 
@@ -68,9 +113,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
     lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
-                     help="which ladder (default: train)")
+                     help="which ladder: train (the model's optimizations, the default) or data (chapter 05's)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
+    _generate_options(lad, ladder=True)
     bench = sub.add_parser("bench", help="measure one configuration")
     _run_options(bench)
     bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
@@ -78,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="run it in N processes on this machine, as the ddp/fsdp toggles need (default: 1)")
+    bench.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                       help="with --nproc-per-node: stop the processes after S seconds (default: no limit)")
     plan = sub.add_parser("plan", help="predict memory (params, grads, optimizer state, activations) and FLOPs")
     _run_options(plan)
     plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
@@ -91,6 +139,22 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--lr", type=float, default=None, help="learning rate (default: RunConfig's, 1e-3)")
     export.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="processes the framework runs in, for ddp/fsdp/deepspeed (default 1)")
+    gen = sub.add_parser("generate", help="generate text from the built-in GPT and measure it (prefill, "
+                                          "per-token latency, tokens/s, weight and KV-cache bytes, quality)")
+    _generate_options(gen)
+    gen.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                     help="switch an inference optimization on (repeatable): inference_mode, kv_cache[=static], "
+                          "compile, sdpa, bf16, tf32, quantize=METHOD")
+    gen.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    tune = sub.add_parser("tune", help="search for the fastest configuration within a memory budget (autotune)")
+    _run_options(tune)
+    tune.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
+                      help="start from these toggles")
+    tune.add_argument("--budget-mb", type=float, default=None, help="peak-memory budget in MiB (default: none)")
+    tune.add_argument("--time-budget-s", type=float, default=300.0, help="longest the search may take (default 300)")
+    tune.add_argument("--run-steps", type=int, default=1000,
+                      help="steps of the real run you plan: one-off costs (compile) must pay off over them")
+    tune.add_argument("--json", metavar="PATH", help="write the search (every candidate and why) as JSON")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
@@ -99,15 +163,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",
+                  "temperature": "--temperature", "top_k": "--top-k", "seed": "--seed", "device": "--device",
+                  "warmup_tokens": "--warmup-tokens", "toggles": "--toggle"}
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
-         "log_every": "--log-every", "data": "--data", "device": "--device", "seed": "--seed", "preset": "--preset",
-         "peak_tflops": "--peak-tflops", "toggles": "--toggle", "check_memory": "--no-memory-check",
-         "model": "--hf-model", "lr": "--lr"}
+         "log_every": "--log-every", "data": "--data", "transform_rounds": "--transform-rounds", "device": "--device",
+         "seed": "--seed", "preset": "--preset", "peak_tflops": "--peak-tflops", "toggles": "--toggle",
+         "check_memory": "--no-memory-check", "init": "--init", "model": "--hf-model", "lr": "--lr"}
 
 
 def flag_names(message: str) -> str:
     """A RunConfig error with the command-line flag it is about: '... (flag: --steps)'."""
     flags = [FLAGS[f] for f in dict.fromkeys(re.findall(r"RunConfig\.(\w+)", message)) if f in FLAGS]
+    flags += [GENERATE_FLAGS[f] for f in dict.fromkeys(re.findall(r"GenerateConfig\.(\w+)", message))
+              if f in GENERATE_FLAGS]
     return f"{message} (flag: {', '.join(flags)})" if flags else message
 
 
@@ -137,11 +206,16 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_ladder(args, stop) -> int:
     from .report import results_table
 
-    base = _config(args, {})
+    base = _config(args, {}) if args.kind != "inference" else _generate_config(args, {}, ladder=True)
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
-    print(results_table(results))
+    if args.kind == "inference":
+        from .inference.report import generation_table  # generations have their own table
+
+        print(generation_table(results))
+    else:
+        print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")))
     if json_path is not None:
         write_results_json(json_path, [r.to_dict() for r in results])
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
@@ -153,17 +227,41 @@ def cmd_bench(args, stop) -> int:
 
     cfg = _config(args, dict(args.toggle))
     json_path = check_writable(args.json, "--json") if args.json else None
-    if args.nproc_per_node:
+    nprocs = launch_commands.check_nproc_flag(args.nproc_per_node, default="this process alone")
+    timeout_s = launch_commands.check_timeout_flag(args.timeout_s)
+    if nprocs:
         from .launch import launch_run
 
-        _progress(f"launching {args.nproc_per_node} processes")
-        result = launch_run(cfg, nprocs=args.nproc_per_node, catch_errors=True)
+        _progress(f"launching {nprocs} processes")
+        try:
+            with launch_commands.ctrl_c_raises():
+                result = launch_run(cfg, nprocs=nprocs, catch_errors=True, timeout_s=timeout_s)
+        except KeyboardInterrupt:
+            return launch_commands.interrupted("scalekit bench")
+    elif timeout_s is not None:
+        raise ConfigError("--timeout-s limits launched processes: use it with --nproc-per-node N")
     else:
         first = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this: one reports
         result = run(cfg, on_status=_progress if first else None, stop=stop, catch_errors=True)
         if not first:
             return 0 if result.status == "ok" else 1
     print(results_table([result]))
+    if json_path is not None:
+        result.to_json(json_path)
+    return 0 if result.status == "ok" else 1
+
+
+def cmd_generate(args, stop) -> int:
+    from .inference import generate
+    from .inference.report import generation_table
+
+    cfg = _generate_config(args, dict(args.toggle))
+    json_path = check_writable(args.json, "--json") if args.json else None
+    result = generate(cfg, on_status=_progress, stop=stop, catch_errors=True)
+    for text in result.texts:
+        print(text)
+        print("-" * 78)
+    print(generation_table([result]))
     if json_path is not None:
         result.to_json(json_path)
     return 0 if result.status == "ok" else 1
@@ -212,7 +310,9 @@ def cmd_toggles(args, stop) -> int:
         return 0
     for t in ORDER:
         modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
-        print(f"{t.name:13} {t.summary}{modes}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
+        where = "" if "train" in t.loops else \
+            f" [generation: scalekit generate{'' if t.changes_weights else ', or a training run with eval_every'}]"
+        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
     return 0
 
 
@@ -225,8 +325,35 @@ def toggle_page(t) -> str:
             f"The code it runs (scalekit/toggles/{t.name}.py):\n\n{t.code()}")
 
 
-COMMANDS = {"ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
-            "doctor": cmd_doctor, "toggles": cmd_toggles, "export": cmd_export}
+def cmd_tune(args, stop) -> int:
+    from .autotune import autotune
+    from .autotune.search import NothingFits
+
+    cfg = _config(args, dict(args.toggle))
+    json_path = check_writable(args.json, "--json") if args.json else None
+    if args.budget_mb is not None and not args.budget_mb > 0:
+        raise ConfigError(f"--budget-mb must be a positive number of MiB, got {args.budget_mb}")
+    budget = int(args.budget_mb * 2**20) if args.budget_mb is not None else None
+    try:
+        result = autotune(cfg, budget_bytes=budget, time_budget_s=args.time_budget_s, run_steps=args.run_steps,
+                          steps=cfg.steps, warmup_steps=cfg.warmup_steps, stop=stop,
+                          on_candidate=lambda c, s: _progress(f"{c.label}: {'kept' if c.accepted else 'not kept'}"
+                                                              f" — {c.reason}"))
+    except NothingFits as exc:
+        print(f"scalekit tune: {exc}", file=sys.stderr)
+        return 1
+    print(result.table().to_string(index=False))
+    print(result.summary())
+    print(f"best: {' '.join(f'--toggle {n}' if v is True else f'--toggle {n}={v}' for n, v in result.best.toggles.items())}"
+          f" --batch-size {result.best.batch_size}")
+    if json_path is not None:
+        write_results_json(json_path, result.to_dict())
+    return 0
+
+
+COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
+            "doctor": cmd_doctor, "toggles": cmd_toggles, "generate": cmd_generate,
+            "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

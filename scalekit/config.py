@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .data import DATA_SOURCES
+from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
 from .errors import ConfigError, ToggleUnavailable
 from .models.families import model_adapter
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
@@ -42,7 +42,12 @@ class RunConfig:
     log_every: int = 5
     """Read the loss (a device sync) every this many steps."""
     data: str = "auto"
-    """'shakespeare' (the shipped corpus), 'synthetic' (random tokens), or 'auto' (the preset's choice)."""
+    """'shakespeare' (the shipped corpus, pre-tokenized), 'shakespeare-raw' (its raw text, tokenized and
+    transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), or 'auto' (the
+    preset's choice)."""
+    transform_rounds: int | None = None
+    """With data='shakespeare-raw': what its per-sample transform (character noise) costs, in hash rounds per
+    token (the work grows linearly with it; 0: no transform; None: scalekit.data.DEFAULT_TRANSFORM_ROUNDS)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     seed: int = 1337
@@ -64,11 +69,23 @@ class RunConfig:
     """With `model`: tokens (or items) per sample, for throughput in tokens/s."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
+    init: str = "random"
+    """The built-in GPT's starting weights: 'random' (GPT-2's initialisation) or 'pretrained' (the shipped weights
+    of presets that have them: 'shakespeare-char')."""
+    adapter_targets: Sequence[str] | None = None
+    """Names of the linear layers that lora/dora/quantized_base act on (e.g. ('c_attn',)); None: every linear
+    layer inside the model's repeated blocks."""
     check_memory: bool = True
     """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What was said when the config was made, e.g. the TrainingArguments fields from_training_arguments did not
     map (kept here, not copied into results; not compared)."""
+    eval_every: int = 0
+    """Evaluate every this many measured steps (0: never): held-out loss under the generation toggles, untimed."""
+    eval_batches: int = 2
+    """Held-out batches each evaluation reads."""
+    eval_new_tokens: int = 0
+    """With eval_every: tokens of a greedy sample each evaluation writes (built-in GPT on the shipped corpus)."""
 
     def __post_init__(self) -> None:
         self.toggles = _normalise_toggles(self.toggles)
@@ -94,10 +111,7 @@ class RunConfig:
                                        or len(self.label) > 200 or not self.label.isprintable()):
             raise ConfigError(f"RunConfig.label must be None or a printable name of 1 to 200 characters, "
                               f"got {self.label!r}")
-        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
-                                              and not (self.data == "custom" and self.model is not None)):
-            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
-                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        self._validate_data()
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
                                                     or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
@@ -108,7 +122,20 @@ class RunConfig:
         if not isinstance(self.notes, (tuple, list)) or not all(isinstance(n, str) for n in self.notes):
             raise ConfigError(f"RunConfig.notes must be a tuple of strings, got {self.notes!r}")
         self._validate_model()
+        self._validate_init()
         self._validate_toggle_pairs()
+        self._validate_loops()
+
+    def _validate_data(self) -> None:
+        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
+                                              and not (self.data == "custom" and self.model is not None)):
+            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
+                              f"{_allowed(('auto', *DATA_SOURCES))}")
+        if self.transform_rounds is None:
+            return
+        _int_in("transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
+        if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
+            _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
         custom = (self.model, self.batch_fn, self.loss_fn)
@@ -129,13 +156,48 @@ class RunConfig:
             if not ok:
                 raise ToggleUnavailable(f"toggle {name!r} {why}")
 
+    def _validate_init(self) -> None:
+        if self.init not in INITS:
+            raise ConfigError(f"RunConfig.init must be one of {_allowed(INITS)}, got {self.init!r}")
+        if self.init == "pretrained":
+            with_weights = [name for name, p in PRESETS.items() if p.pretrained]
+            if self.model is not None or self.preset not in with_weights:
+                raise ConfigError(f"RunConfig.init='pretrained' needs a preset that ships weights: "
+                                  f"{_allowed(with_weights)} (got preset {self.preset!r}"
+                                  f"{' and your own model' if self.model is not None else ''})")
+        if self.adapter_targets is not None:
+            targets = self.adapter_targets
+            if isinstance(targets, str) or not isinstance(targets, Sequence) or not targets or \
+                    not all(isinstance(t, str) and t for t in targets):
+                raise ConfigError(f"RunConfig.adapter_targets must be None or a non-empty list of linear layer "
+                                  f"names (e.g. ['c_attn', 'c_fc']), got {targets!r}")
+            self.adapter_targets = tuple(targets)
+
     def _validate_toggle_pairs(self) -> None:
         for a, b, why in EXCLUSIVE:
             if a in self.toggles and b in self.toggles:
                 raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
-        for a, b, why in REQUIRES:
-            if a in self.toggles and b not in self.toggles:
-                raise ConfigError(f"RunConfig.toggles: {a!r} needs {b!r} on too: {why}")
+        for a, needs, why in REQUIRES:
+            options = (needs,) if isinstance(needs, str) else needs  # one toggle, or any one of several
+            if a in self.toggles and not any(b in self.toggles for b in options):
+                said = " or ".join(repr(b) for b in options)
+                raise ConfigError(f"RunConfig.toggles: {a!r} needs {said} on too: {why}")
+
+    def _validate_loops(self) -> None:
+        """Toggles that apply to generation only act on a training run's evaluation (eval_every); none may
+        replace the weights of the model being trained."""
+        for name in self.toggles:
+            toggle = TOGGLES[name]
+            if "train" in toggle.loops:
+                continue
+            if toggle.changes_weights:
+                raise ConfigError(f"RunConfig.toggles: {name!r} replaces the model's weights and applies to "
+                                  f"generation (scalekit.generate, `scalekit generate`), not to a model in training")
+            if not self.eval_every:
+                raise ConfigError(f"RunConfig.toggles: {name!r} applies to generation; in a training run it acts on "
+                                  f"the evaluation: set RunConfig.eval_every (or use scalekit.generate)")
+        if self.eval_new_tokens and not self.eval_every:
+            raise ConfigError("RunConfig.eval_new_tokens writes a sample at each evaluation: set RunConfig.eval_every too")
 
     @property
     def custom_model(self) -> bool:
@@ -151,9 +213,15 @@ class RunConfig:
         data = self.data if self.data != "auto" else p.data
         if self.custom_model:
             data = "custom"
-        fields = dict(preset=preset, data=data, batch_size=self.batch_size or p.batch_size,
-                      seq_len=self.seq_len or p.block_size, toggles=dict(self.toggles),
-                      label=self.label or self.describe())
+        batch = self.batch_size or p.batch_size
+        seq = self.seq_len or p.block_size
+        rounds = self.transform_rounds
+        if data == "shakespeare-raw" and rounds is None:
+            rounds = DEFAULT_TRANSFORM_ROUNDS
+        elif data != "shakespeare-raw" and rounds is not None:
+            _transform_without_raw(data)
+        fields = dict(preset=preset, data=data, batch_size=batch, seq_len=seq, transform_rounds=rounds,
+                      toggles=dict(self.toggles), label=self.label or self.describe())
         adapter = model_adapter(self.model)
         if adapter is not None:  # the model's own limits and defaults (a Hugging Face model's context, its data)
             fields.update(adapter.resolve(self, p))
@@ -213,8 +281,18 @@ INT_RANGES = {
     "log_every": (1, 10**8),
     "tokens_per_sample": (1, 2**30),
     "seed": (0, 2**63 - 1),
+    "eval_every": (0, 10**8),
+    "eval_batches": (1, 10**4),
+    "eval_new_tokens": (0, 10**5),
 }
 LR_RANGE = (1e-8, 1.0)
+INITS = ("random", "pretrained")
+TRANSFORM_ROUNDS_RANGE = (0, 100_000)
+
+
+def _transform_without_raw(data: str) -> None:
+    raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
+                      f"data='shakespeare-raw'; data={data!r} has no such transform: leave it None")
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> None:

@@ -19,6 +19,7 @@ import os
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,8 @@ from .errors import ConfigError
 from .measure.memory import LiveTensorBytes
 from .measure.results import RunResult
 
+# set by scalekit.launch(timeout_s=...) for its ranks: their collectives give up when the launch would
+PG_TIMEOUT_ENV = "SCALEKIT_PG_TIMEOUT_S"
 HOW_TO_LAUNCH = ("launch ranks with scalekit.launch(fn, nprocs=2) from a notebook cell, "
                  "`scalekit bench --nproc-per-node 2 ...` or `scalekit launch --nproc-per-node 2 script.py`")
 
@@ -89,7 +92,8 @@ def setup(hw, stack, batch_size: int) -> Ranks:
     if not group_alive():
         backend = "nccl" if hw.device_type == "cuda" else "gloo"
         if "MASTER_ADDR" in os.environ:  # launched: torch.distributed's env:// rendezvous
-            dist.init_process_group(backend, device_id=hw.device if hw.device_type == "cuda" else None)
+            dist.init_process_group(backend, device_id=hw.device if hw.device_type == "cuda" else None,
+                                    **_launch_timeout())
         else:  # one process (DeepSpeed on one GPU): a group of one needs no network
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         owns = True
@@ -108,6 +112,20 @@ def any_rank(flag: bool) -> bool:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def _launch_timeout() -> dict:
+    """The launch's time limit as the process group's timeout, if the launcher set one (else torch's default)."""
+    value = os.environ.get(PG_TIMEOUT_ENV)
+    if not value:
+        return {}
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigError(f"{PG_TIMEOUT_ENV} must be a positive number of seconds, got {value!r}")
+    return {"timeout": timedelta(seconds=seconds)}
 
 
 def _destroy_group(exc_type=None, exc=None, tb=None) -> bool:

@@ -19,10 +19,13 @@ import torch
 
 from . import distributed, hardware, plan
 from .config import RunConfig
+from .data import load_tokens
+from .data.loaders import FINETUNE_HELDOUT
 from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
 from .measure.timing import Spread, step_timer, synchronize
+from .models.pretrained import heldout_loss
 from .toggles import BuildContext, needs_process_group
 from .training import (  # noqa: F401 - build, train_step and the rest are also reached as scalekit.engine.*
     BUILDERS,
@@ -91,11 +94,19 @@ def _build_and_measure(cfg: RunConfig, hw, stack, group, result: RunResult, on_s
     if group is not None:
         distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
     result.build_s = time.perf_counter() - t_build
+    for key, value in memory.parameter_counts(ctx.base_model).items():
+        setattr(result, key, value)
     grads = memory.GradBytesAtStep(ctx.optimizer)  # reads gradient bytes once, at the first step
+    heldout = heldout_tokens(cfg)
+    if heldout is not None:
+        status("held-out loss before training")
+        result.heldout_loss_before = heldout_loss(ctx.base_model, heldout, cfg.seq_len)
     try:
         _measure(ctx, result, on_step, stop, status)
     finally:
         _summarise(ctx, result)  # what was measured is kept, also when a step failed
+    if heldout is not None and result.status in ("ok", "stopped"):
+        result.heldout_loss_after = heldout_loss(ctx.base_model, heldout, cfg.seq_len)
     if cfg.measure_memory and ctx.device.type == "cpu" and result.status == "ok":
         status("counting live tensor memory on one extra step")
         _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
@@ -121,6 +132,12 @@ class StepLog:
         self.losses: list[torch.Tensor] = []
         self.wall_t0: float | None = None
         self.measured_tokens = 0
+
+    def begin_measuring(self) -> None:
+        """The warm-up is over: the device's queue drained, peak memory reset, the wall clock started."""
+        synchronize(self.ctx.device)
+        memory.cuda_memory_reset(self.ctx.device)
+        self.wall_t0 = time.perf_counter()
 
     def add(self, loss: torch.Tensor, tokens: int) -> None:
         self.losses.append(loss.detach())
@@ -155,13 +172,13 @@ class StepLog:
 
     def _report(self, values: list[float] | None, mem) -> None:
         warmup = self.ctx.config.warmup_steps
-        times = self.timer.collect()
+        times, waits = self.timer.collect_with_waits()
         for k, ms in enumerate(times):
             j = self.first + k
             last = k == len(times) - 1 and values is not None
             record = StepRecord(step=j, warmup=j < warmup, step_ms=ms, tokens_per_s=self.tokens[k] / (ms / 1e3),
                                 loss=values[-1] if last else None, mem_bytes=mem if last else None,
-                                tokens=self.tokens[k])
+                                tokens=self.tokens[k], data_wait_ms=waits[k])
             self.result.steps.append(record)
             if j >= warmup:
                 self.measured_tokens += self.tokens[k]
@@ -175,7 +192,22 @@ class StepLog:
         self._report(None, None)
         synchronize(self.ctx.device)
         if self.wall_t0 is not None:
-            self.result.tokens_per_s_wall = self.measured_tokens / (time.perf_counter() - self.wall_t0)
+            self.result.measured_wall_s = time.perf_counter() - self.wall_t0
+            self.result.tokens_per_s_wall = self.measured_tokens / self.result.measured_wall_s
+        if self.ctx.batch_counter is not None:  # before the memory probe's extra step
+            self.result.batches_fetched = self.ctx.batch_counter.count
+
+
+HELDOUT_WINDOWS = 32  # windows of the held-out part read before and after a fine-tuning run
+
+
+def heldout_tokens(cfg: RunConfig):
+    """The held-out text of a fine-tuning data source (None for the other sources, and your own data)."""
+    if cfg.custom_model or cfg.data not in FINETUNE_HELDOUT:
+        return None
+    tokens = load_tokens(FINETUNE_HELDOUT[cfg.data])
+    windows = min(HELDOUT_WINDOWS, (len(tokens) - 1) // cfg.seq_len)
+    return tokens[: windows * cfg.seq_len + 1] if windows else None
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
@@ -190,18 +222,19 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
                 result.status = "stopped"
                 break
             if i == cfg.warmup_steps:
-                synchronize(ctx.device)
-                memory.cuda_memory_reset(ctx.device)
                 status(f"measuring {cfg.steps} steps")
-                log.wall_t0 = time.perf_counter()
+                log.begin_measuring()
             log.timer.start()
             batch = next(ctx.batches)
+            log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
             tokens = batch_tokens(ctx, batch)
             loss = train_step(ctx, batch)
             for hook in ctx.after_step:
                 hook(i)
             log.timer.stop()
             log.add(loss, tokens)
+            if ctx.evaluator is not None:  # between steps: outside their times, inside the wall time
+                ctx.evaluator.maybe_run(i, result)
             warm = i < cfg.warmup_steps
             if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:
                 if not log.sync(i):
@@ -247,6 +280,19 @@ def _summarise(ctx: BuildContext, result: RunResult) -> None:
         result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
     if result.losses:
         result.final_loss = result.losses[-1][1]
+    if result.eval_s is not None and result.measured_wall_s:
+        result.eval_share = result.eval_s / result.measured_wall_s
+    _summarise_data_wait(result)
+
+
+def _summarise_data_wait(result: RunResult) -> None:
+    """The wait for data over the measured steps: its median and spread, and its share of the step time."""
+    steps = [s for s in result.steps if not s.warmup and s.data_wait_ms is not None]
+    if not steps:
+        return
+    result.data_wait_ms = Spread.of([s.data_wait_ms for s in steps])
+    # total wait over total time, not a median of shares: with data_echo most steps wait for nothing
+    result.data_wait_frac = sum(s.data_wait_ms for s in steps) / sum(s.step_ms for s in steps)
 
 
 def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:
@@ -277,7 +323,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def plain_error(exc: BaseException) -> str:
     """A failure in words a user can act on, without the traceback."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if "Original Traceback" in str(exc):  # raised again from a DataLoader worker: say what the worker raised
+        text = f"{text.rstrip('.')}: {lines[-1].strip()}"
     if is_out_of_memory(exc):
         return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
     if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:

@@ -1,4 +1,5 @@
-"""Figures for measured and planned memory.  plotly is imported only when a figure is built."""
+"""Figures for measured and planned memory, and for where a step's time goes.  plotly is imported only when
+a figure is built."""
 
 from __future__ import annotations
 
@@ -49,4 +50,40 @@ def memory_breakdown_figure(results_or_estimates: Iterable, title: str = "Memory
                     showlegend=False, hoverinfo="skip")
     fig.update_layout(barmode="stack", title=title, yaxis_title="MiB", legend_title_text="part",
                       margin=dict(t=60, b=40), height=420)
+    return fig
+
+
+STEP_PARTS = {"data_wait": ("waiting for data", "#E45756"), "compute": ("compute (the rest of the step)", "#4C78A8")}
+
+
+def step_time_rows(results) -> list[tuple[str, dict[str, float]]]:
+    """(label, {data_wait, compute}) in ms per step (means over the measured steps) for runs that measured it."""
+    rows = []
+    for r in results:
+        steps = [s for s in r.steps if not s.warmup and s.data_wait_ms is not None]
+        if not steps:
+            continue
+        wait = sum(s.data_wait_ms for s in steps) / len(steps)
+        rows.append((r.label, {"data_wait": wait, "compute": sum(s.step_ms for s in steps) / len(steps) - wait}))
+    return rows
+
+
+def step_time_figure(results_or_rows, title: str = "Time per step: waiting for data, and the rest"):
+    """A stacked bar per run: the mean step split into the wait for its batch and the rest (ms), so a
+    data-bound run stands out at a glance."""
+    import plotly.graph_objects as go
+
+    items = list(results_or_rows)
+    rows = items if items and isinstance(items[0], tuple) else step_time_rows(items)
+    labels = [label for label, _ in rows]
+    fig = go.Figure()
+    for part, (name, colour) in STEP_PARTS.items():
+        fig.add_bar(name=name, x=labels, y=[parts[part] for _, parts in rows], marker_color=colour,
+                    hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
+    shares = [parts["data_wait"] / max(1e-12, parts["data_wait"] + parts["compute"]) for _, parts in rows]
+    fig.add_scatter(x=labels, y=[sum(parts.values()) for _, parts in rows], mode="text", showlegend=False,
+                    text=[f"{100 * share:.0f}% waiting" for share in shares], textposition="top center",
+                    hoverinfo="skip")
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step", legend_title_text="part",
+                      margin=dict(t=60, b=40), height=380)
     return fig

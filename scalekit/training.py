@@ -18,13 +18,15 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import distributed, hardware
 from .config import RunConfig
-from .data import shakespeare_batches, synthetic_batches
+from .data import CountedBatches, LoaderBatches, raw_loader, shakespeare_loader, synthetic_batches
 from .errors import ConfigError
+from .inference.evaluate import build_evaluator
 from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
 from .models.families import model_adapter
+from .models.pretrained import load_pretrained
 from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 
 
@@ -51,7 +53,10 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
 
 def build_batches(ctx: BuildContext) -> None:
     cfg = ctx.config
-    batches = make_batches(cfg, ctx.device, ctx.loader_kwargs, ctx.model_adapter)
+    ctx.batch_counter = batches = CountedBatches(make_batches(ctx))
+    ctx.stack.callback(batches.close)  # a DataLoader's worker processes end with the run, however it ends
+    for wrap in ctx.batch_wrappers:  # e.g. data_echo: each fetched batch used for several steps
+        batches = wrap(batches)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
     ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
 
@@ -66,6 +71,8 @@ def build_model(ctx: BuildContext) -> None:
         ctx.loss_fn = cfg.loss_fn
     else:
         model = GPT(ctx.gpt_config)
+        if cfg.init == "pretrained":
+            load_pretrained_weights(model, PRESETS[cfg.preset].pretrained)
         ctx.loss_fn = gpt_loss
     if any(t.device != ctx.device for t in itertools.chain(model.parameters(), model.buffers())):
         model = model.to(ctx.device)  # (only when needed: the planner's fake tensors cannot be moved in place)
@@ -75,27 +82,53 @@ def build_model(ctx: BuildContext) -> None:
 
 
 def build_optimizer(ctx: BuildContext) -> None:
+    # only what trains: frozen weights (fine-tuning) get no gradient, so no optimizer state either
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("nothing to train: every parameter of the model is frozen (requires_grad=False)")
     if ctx.optimizer_factory is not None:
-        ctx.optimizer = ctx.optimizer_factory(ctx.model.parameters())
+        ctx.optimizer = ctx.optimizer_factory(params)
     else:
-        ctx.optimizer = torch.optim.AdamW(ctx.model.parameters(), lr=ctx.config.lr, **ctx.optimizer_kwargs)
+        ctx.optimizer = torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
     ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
 
 
-# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves).
-BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer}
+# What the engine builds after the toggles of a phase (phases without an entry build nothing themselves);
+# after the last, the evaluation a run with eval_every makes between its steps.
+BUILDERS = {"data": build_batches, "model_config": build_model, "optimizer": build_optimizer,
+            "step": build_evaluator}
 
 
-def make_batches(cfg: RunConfig, device: torch.device, loader_kwargs: dict, adapter=None) -> Iterator:
+def load_pretrained_weights(model: torch.nn.Module, name: str) -> None:
+    """The shipped weights `name` into a freshly built GPT of the same shape (RunConfig(init="pretrained"))."""
+    state = load_pretrained(name).state_dict()
+    mine = model.state_dict()
+    wrong = [k for k in state if k not in mine or mine[k].shape != state[k].shape]
+    if wrong:
+        raise ConfigError(f"RunConfig.init='pretrained': the model built does not have the shipped model's shape "
+                          f"(first mismatch: {wrong[0]}); a toggle that changes the architecture's sizes "
+                          f"(nice_numbers pads the vocabulary) cannot start from these weights")
+    model.load_state_dict(state)
+
+
+def make_batches(ctx: BuildContext) -> Iterator:
+    """The run's input pipeline, as the data toggles set it up (their BuildContext fields)."""
+    cfg, device = ctx.config, ctx.device
     if cfg.batch_fn is not None:
         return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
-    if adapter is not None:  # a model family's default batches (Hugging Face: the corpus as input_ids/labels)
-        return adapter.batches(cfg, device, loader_kwargs)
+    if ctx.model_adapter is not None:  # a model family's default batches (Hugging Face: the corpus as input_ids/labels)
+        return ctx.model_adapter.batches(cfg, device, ctx.loader_kwargs)
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
-    batches = shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs)
-    return ((x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches)
+    if cfg.data == "shakespeare-raw":
+        loader = raw_loader(cfg.seq_len, cfg.batch_size, cfg.seed, cfg.transform_rounds,
+                            pretokenized=ctx.read_training_format, batch_transforms=ctx.batch_transforms,
+                            **ctx.loader_kwargs)
+    else:
+        split = "new-plays" if cfg.data == "new-plays" else "train"
+        loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, split=split, **ctx.loader_kwargs)
+    return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
 
 
 def split_batch(batch, parts: int) -> list:

@@ -132,3 +132,15 @@ def image_batch(batch_size: int, device: torch.device):
 def classify_loss(model, batch):
     x, y = batch
     return torch.nn.functional.cross_entropy(model(x), y)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one intra-op thread, then as it was: a tiny model's decode steps are many small ops, which a
+    second thread on a busy 2-core machine only slows down (the generation tests are about tokens, not speed)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,5 +1,15 @@
-from .loaders import DATA_SOURCES, TokenWindows, shakespeare_batches, synthetic_batches, window_loader
-from .shakespeare import CharTokenizer, corpus_text, load_tokens, training_file
+from .loaders import (
+    DATA_SOURCES,
+    TokenWindows,
+    shakespeare_batches,
+    shakespeare_loader,
+    synthetic_batches,
+    window_loader,
+)
+from .pipeline import CountedBatches, LoaderBatches, to_device
+from .raw import DEFAULT_TRANSFORM_ROUNDS, raw_loader
+from .shakespeare import CharTokenizer, corpus_text, load_tokens, split_text, training_file
 
-__all__ = ["DATA_SOURCES", "CharTokenizer", "TokenWindows", "corpus_text", "load_tokens", "shakespeare_batches",
-           "synthetic_batches", "training_file", "window_loader"]
+__all__ = ["DATA_SOURCES", "DEFAULT_TRANSFORM_ROUNDS", "CharTokenizer", "CountedBatches", "LoaderBatches",
+           "TokenWindows", "corpus_text", "load_tokens", "raw_loader", "shakespeare_batches", "shakespeare_loader",
+           "split_text", "synthetic_batches", "to_device", "training_file", "window_loader"]

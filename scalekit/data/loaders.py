@@ -1,4 +1,8 @@
-"""Batches for the built-in GPT: windows of the shipped corpus, or synthetic tokens at any vocab size."""
+"""Batches for the built-in GPT: windows of the shipped corpus, or synthetic tokens at any vocab size.
+
+The corpus comes in two forms: "shakespeare" reads its training format (the pre-tokenized memmap), and
+"shakespeare-raw" tokenizes and transforms raw text per sample (`scalekit.data.raw`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..errors import ConfigError
 from .shakespeare import load_tokens
 
-DATA_SOURCES = ("shakespeare", "synthetic")
+# data sources a RunConfig can name: the corpus's training split, its raw text read and transformed per sample
+# (the data-bound pipeline of chapter 05), random tokens, and the tail of plays the shipped model never saw (for
+# fine-tuning; its own held-out part is measured before and after)
+DATA_SOURCES = ("shakespeare", "shakespeare-raw", "synthetic", "new-plays")
+FINETUNE_HELDOUT = {"new-plays": "new-plays-heldout"}  # fine-tuning sources -> their held-out split
 
 
 class TokenWindows(Dataset):
@@ -70,15 +78,22 @@ def window_loader(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, 
                       drop_last=drop_last, generator=generator, **loader_kwargs)
 
 
-def shakespeare_batches(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
-                        split: str = "train", **loader_kwargs) -> Iterator:
-    """Endless full batches of windows of the corpus (FullBatches: no short batch at an epoch's end)."""
+def shakespeare_loader(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
+                       split: str = "train", **loader_kwargs) -> DataLoader:
+    """A DataLoader of endless full batches of windows of the corpus (FullBatches: no short batch at an
+    epoch's end)."""
     dataset = TokenWindows(load_tokens(split), seq_len)
     generator = torch.Generator().manual_seed(seed)
     sampler = FullBatches(len(dataset), batch_size, generator, drop_last)
     # the loader draws from the generator too (a seed for workers) before the sampler's first shuffle,
     # as a shuffling DataLoader does: the first epoch's batches are the same as DataLoader(shuffle=True)'s
-    return iter(DataLoader(dataset, batch_sampler=sampler, generator=generator, **loader_kwargs))
+    return DataLoader(dataset, batch_sampler=sampler, generator=generator, **loader_kwargs)
+
+
+def shakespeare_batches(seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
+                        split: str = "train", **loader_kwargs) -> Iterator:
+    """Endless full batches of windows of the corpus."""
+    return iter(shakespeare_loader(seq_len, batch_size, seed, drop_last, split, **loader_kwargs))
 
 
 def synthetic_batches(vocab_size: int, seq_len: int, batch_size: int, seed: int,

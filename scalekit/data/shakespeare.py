@@ -131,5 +131,30 @@ def training_file(split: str = "train") -> Path:
     return cache_dir() / f"shakespeare_char_{split}.bin"
 
 
+NEW_PLAYS_TRAIN_FRACTION = 0.8
+# Slices of the held-out tail ("val"), which the shipped model never saw: fine-tuning trains on the first
+# 80% of it ("new-plays") and measures held-out loss on the rest ("new-plays-heldout").
+DERIVED_SPLITS = ("new-plays", "new-plays-heldout")
+SPLITS = ("train", "val", *DERIVED_SPLITS)
+
+
 def load_tokens(split: str = "train") -> np.memmap:
+    """Token ids of `split`: "train" (first 90% of the corpus), "val" (the last 10%), or the fine-tuning
+    slices of val: "new-plays" (its first 80%) and "new-plays-heldout" (the rest)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split in DERIVED_SPLITS:
+        val = load_tokens("val")
+        cut = int(len(val) * NEW_PLAYS_TRAIN_FRACTION)
+        return val[:cut] if split == "new-plays" else val[cut:]
     return np.memmap(training_file(split), dtype=np.uint16, mode="r")
+
+
+def split_text(split: str = "train") -> str:
+    """The raw text of `split`: the same characters, in the same place, as the tokens of load_tokens(split)
+    (one token per character)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    text = corpus_text()
+    n_train = int(len(text) * (1 - VAL_FRACTION))
+    return text[:n_train] if split == "train" else text[n_train:]

@@ -1,6 +1,8 @@
 """Several processes from a notebook cell, on torch.distributed.elastic (the engine behind torchrun).
 
-- `launch(fn, *args, nprocs=N)`: fork N ranks that run fn; their output streams into the cell.
+- `launch(fn, *args, nprocs=N)`: fork N ranks that run fn; their output streams into the cell.  A failure
+  is reported by the rank that failed first; `timeout_s=` stops ranks that hang and names them; the ranks'
+  logs are removed when the launch ends, unless `keep_logs=True`.
 - `launch_run(config, nprocs=N)`: scalekit.run(config) over N ranks, aggregated (ddp, fsdp, cpu_offload).
 - `%load_ext scalekit` then `%%torchrun --nproc-per-node N`: the cell as a script under torchrun, for
   when forking is not safe (CUDA already initialised, bitsandbytes imported).

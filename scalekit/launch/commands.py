@@ -9,13 +9,18 @@ exact line to run on each machine, for a script or for a RunConfig (which become
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import shlex
+import signal
 import sys
+import threading
 
 from ..errors import ConfigError
 
 LOOPBACK_RDZV = ("--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1")
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 
 
 def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_rank: int = 0,
@@ -50,11 +55,12 @@ def bench_args(cfg) -> list[str]:
         raise ConfigError("RunConfig.model: your own model cannot be passed on a command line; launch a script "
                           "that builds it (scalekit launch script.py) instead")
     default = RunConfig()
-    for name in ("lr", "measure_memory", "tokens_per_sample"):
+    for name in ("lr", "measure_memory", "tokens_per_sample", "adapter_targets"):
         if getattr(cfg, name) != getattr(default, name):
             raise ConfigError(f"RunConfig.{name} has no `scalekit bench` flag; launch a script instead")
     out = ["--preset", cfg.preset, "--steps", cfg.steps, "--warmup-steps", cfg.warmup_steps,
-           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed]
+           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed,
+           "--init", cfg.init]
     for flag, value in (("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len),
                         ("--peak-tflops", cfg.peak_tflops)):
         if value is not None:
@@ -64,6 +70,40 @@ def bench_args(cfg) -> list[str]:
     for name, value in cfg.toggles.items():
         out += ["--toggle", name if value is True else f"{name}={value}"]
     return [str(x) for x in out]
+
+
+def check_nproc_flag(value, default: str = "one per GPU, or 2 on a CPU machine") -> int | None:
+    """--nproc-per-node as given (None: the default), refused with one line when it is not a positive count."""
+    if value is not None and value < 1:
+        raise ConfigError(f"--nproc-per-node must be a positive integer (the processes to start: 1, 2, ...), "
+                          f"got {value}; leave it out for the default ({default})")
+    return value
+
+
+def check_timeout_flag(value) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--timeout-s must be a positive number of seconds (e.g. 600), got {value:g}; leave it "
+                          f"out for no limit")
+    return value
+
+
+@contextlib.contextmanager
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in here, once the launcher has stopped every rank, in place of the
+    CLI's "stop after this step" handler, which a launch cannot honour."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(prog: str) -> int:
+    """The one line a launch ended by Ctrl-C prints, and the exit code a shell expects."""
+    print(f"{prog}: interrupted; every rank was stopped", file=sys.stderr, flush=True)
+    return INTERRUPTED_EXIT
 
 
 def _check_positive(name, value) -> None:
@@ -82,6 +122,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 … nnodes-1")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="node 0's address and a free port on it (needed with --nnodes > 1)")
+    p.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                   help="stop every process after S seconds and say which were still running (one node; "
+                        "default: no limit)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the folder of the processes' output (its path is printed); default: removed")
     p.add_argument("--print-torchrun", action="store_true",
                    help="print the equivalent torchrun command line and exit")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as in python -m")
@@ -91,22 +136,37 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run_command(args) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from . import guards
     from .launcher import LaunchError, launch_script
 
-    nproc = args.nproc_per_node or guards.default_nprocs()
+    nproc = check_nproc_flag(args.nproc_per_node) or guards.default_nprocs()
+    timeout_s = check_timeout_flag(args.timeout_s)
+    one_node = args.nnodes == 1 and args.rdzv_endpoint is None
+    if not one_node and (timeout_s is not None or args.keep_logs):
+        raise ConfigError("--timeout-s and --keep-logs apply to launches on this machine only; with several "
+                          "nodes torchrun runs the processes (give init_process_group a timeout in the script; "
+                          "torchrun's --log-dir keeps the logs)")
     cmd = torchrun_command(args.target, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                            rdzv_endpoint=args.rdzv_endpoint, args=args.args, module=args.module)
     if args.print_torchrun:
         print(shlex.join(cmd))
         return 0
     try:
-        if args.nnodes == 1 and args.rdzv_endpoint is None:
-            return launch_script(args.target, args.args, nprocs=nproc, module=args.module)
-        return run_torchrun(cmd)
+        with ctrl_c_raises():
+            if one_node:
+                return launch_script(args.target, args.args, nprocs=nproc, module=args.module, timeout_s=timeout_s,
+                                     keep_logs=args.keep_logs)
+            return run_torchrun(cmd)
     except LaunchError as exc:
         print(f"scalekit launch: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, SignalException) as exc:
+        if isinstance(exc, SignalException) and exc.sigval != signal.SIGINT:  # SIGTERM, SIGHUP: as a shell says
+            print(f"scalekit launch: stopped by {exc.sigval.name}; every rank was stopped", file=sys.stderr)
+            return 128 + exc.sigval
+        return interrupted("scalekit launch")
 
 
 def run_torchrun(cmd: list[str]) -> int:

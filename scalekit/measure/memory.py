@@ -9,6 +9,7 @@ twice.  It runs on one extra, untimed step: accounting every op would distort th
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable
 
@@ -120,3 +121,29 @@ def current_bytes(device: torch.device) -> int | None:
         return psutil.Process().memory_info().rss
     except ImportError:
         return None
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable and total parameters (as values: a bitsandbytes 4-bit weight counts its unpacked shape) and
+    the bytes of each kind, tied parameters once."""
+    counts = {"trainable_params": 0, "total_params": 0, "trainable_weight_bytes": 0, "frozen_weight_bytes": 0}
+    for p in model.parameters():  # parameters() yields a tied weight once
+        state = getattr(p, "quant_state", None)
+        values = math.prod(state.shape) if state is not None and hasattr(state, "shape") else p.numel()
+        nbytes = storage_bytes([p]) + (quant_state_bytes(state) if state is not None else 0)
+        scale = getattr(p, "SCB", None)  # bitsandbytes int8 weights: a scale per row beside the int8 values
+        nbytes += scale.numel() * scale.element_size() if isinstance(scale, torch.Tensor) else 0
+        counts["total_params"] += values
+        if p.requires_grad:
+            counts["trainable_params"] += values
+            counts["trainable_weight_bytes"] += nbytes
+        else:
+            counts["frozen_weight_bytes"] += nbytes
+    return counts
+
+
+def quant_state_bytes(state) -> int:
+    """The tensors a bitsandbytes QuantState keeps beside the packed weight (absmax per block, code book)."""
+    tensors = [v for v in vars(state).values() if isinstance(v, torch.Tensor)]
+    nested = getattr(state, "state2", None)
+    return storage_bytes(tensors) + (quant_state_bytes(nested) if nested is not None else 0)

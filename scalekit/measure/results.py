@@ -28,6 +28,7 @@ class StepRecord:
     loss: float | None  # only read every log_every steps (a sync point)
     mem_bytes: int | None  # allocator bytes on GPU, RSS on CPU, read at sync points
     tokens: int | None = None  # tokens this step processed (this rank's)
+    data_wait_ms: float | None = None  # of step_ms, the time spent waiting for the batch (and its copy to the device)
 
 
 @dataclass
@@ -42,6 +43,11 @@ class RunResult:
     tokens_per_step: int = 0
     steps: list[StepRecord] = field(default_factory=list)
     step_ms: Spread | None = None  # over measured steps only
+    # waiting for data: each step's time from its start until it had its batch (on a GPU, with the copy to
+    # the device unless that overlapped compute), over measured steps; the share is total wait / total step time
+    data_wait_ms: Spread | None = None
+    data_wait_frac: float | None = None
+    batches_fetched: int | None = None  # batches the input pipeline delivered over the run's steps (warm-up too)
     tokens_per_s: float | None = None  # tokens_per_step / median step time
     tokens_per_s_wall: float | None = None  # measured tokens / wall time of the measured loop, harness included
     first_step_ms: float | None = None  # includes compilation when compile is on
@@ -56,17 +62,36 @@ class RunResult:
     grads_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     activations_bytes: int | None = None
+    # what trains: parameters counted as values (a 4-bit weight is one value, whatever it is packed in)
+    trainable_params: int | None = None
+    total_params: int | None = None
+    trainable_weight_bytes: int | None = None  # bytes of the parameters that train
+    frozen_weight_bytes: int | None = None  # bytes of the frozen ones (quantized where they are)
+    heldout_loss_before: float | None = None  # fine-tuning data's held-out part, before the first step
+    heldout_loss_after: float | None = None  # ... and after the last
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     mfu: float | None = None
     mfu_note: str = ""
     final_loss: float | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
+    # evaluation during training (RunConfig.eval_every): each one's step, held-out loss, time (and sample)
+    evals: list[dict] = field(default_factory=list)
+    eval_s: float | None = None  # time the evaluations took, outside the steps' times
+    measured_wall_s: float | None = None  # wall time of the measured loop, evaluations included
+    eval_share: float | None = None  # eval_s / measured_wall_s
     notes: list[str] = field(default_factory=list)
 
     @property
     def median_step_ms(self) -> float | None:
         return self.step_ms.median if self.step_ms else None
+
+    @property
+    def steps_per_batch(self) -> float | None:
+        """Optimizer steps per batch fetched from the input pipeline, warm-up included (k with data_echo=k)."""
+        if not self.batches_fetched or not self.steps:
+            return None
+        return len(self.steps) / self.batches_fetched
 
     def memory_breakdown(self) -> dict[str, int] | None:
         """{part: bytes} for params, grads, optimizer_state, activations, and their sum the peak; None if not measured."""
@@ -81,12 +106,18 @@ class RunResult:
         return self.status in ("ok", "stopped", "diverged") and bool(self.step_ms and self.step_ms.n)
 
     @property
+    def trainable_share(self) -> float | None:
+        return self.trainable_params / self.total_params if self.trainable_params is not None and \
+            self.total_params else None
+
+    @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["median_step_ms"] = self.median_step_ms
+        d["steps_per_batch"] = self.steps_per_batch
         return d
 
     def to_json(self, path: str | os.PathLike) -> None:
@@ -101,6 +132,10 @@ class RunResult:
             "step_ms": s.median if s else None,
             "step_ms_iqr": s.iqr if s else None,
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_wall": self.tokens_per_s_wall,
+            "data_wait_ms": self.data_wait_ms.median if self.data_wait_ms and self.data_wait_ms.n else None,
+            "data_wait_frac": self.data_wait_frac,
+            "steps_per_batch": self.steps_per_batch,
             "peak_mem_mb": self.peak_mem_bytes / 2**20 if self.peak_mem_bytes else None,
             "mfu": self.mfu,
             "final_loss": self.final_loss,
@@ -119,8 +154,16 @@ def compare(results: list[RunResult]):
         base = rows[0]
         df["speedup"] = [_ratio(base["step_ms"], r["step_ms"]) for r in rows]
         df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base["peak_mem_mb"]) for r in rows]
-    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "peak_mem_mb", "mem_ratio",
-            "mfu", "final_loss", "compile_s", "note"]
+    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "tokens_per_s_wall", "data_wait_ms",
+            "data_wait_frac", "steps_per_batch", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+    if any(r.heldout_loss_before is not None or (r.trainable_share or 1) < 1 for r in results):
+        # fine-tuning: what trains, and what it learned on the held-out part of the new data
+        df["trainable_params"] = [r.trainable_params for r in results]
+        df["trainable_%"] = [100 * r.trainable_share if r.trainable_share is not None else None for r in results]
+        df["heldout_before"] = [r.heldout_loss_before for r in results]
+        df["heldout_after"] = [r.heldout_loss_after for r in results]
+        cols[cols.index("final_loss") + 1:cols.index("final_loss") + 1] = [
+            "trainable_params", "trainable_%", "heldout_before", "heldout_after"]
     return df.reindex(columns=cols)
 
 

@@ -58,3 +58,15 @@ def block_list(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks themselves, in order ([] when the model has none)."""
     blocks = find_blocks(model)
     return [] if blocks is None else list(blocks)
+
+
+def block_linears(model: torch.nn.Module, names=None) -> list[str]:
+    """Qualified names of the nn.Linear layers inside the model's repeated blocks (the layers adapters and
+    quantization act on), optionally only those whose own name is in `names` (e.g. ('c_attn', 'c_fc'))."""
+    blocks = find_blocks(model)
+    if blocks is None:
+        return []
+    inside = {id(m) for b in blocks for m in b.modules()}
+    return [qualified for qualified, m in model.named_modules()
+            if id(m) in inside and isinstance(m, torch.nn.Linear)
+            and (names is None or qualified.rsplit(".", 1)[-1] in names)]

@@ -4,6 +4,11 @@ The attention implementation is a switch (`attention="manual"` or `"sdpa"`) so t
 it, and the vocabulary can be padded (`padded_vocab_size`) so the nice-numbers toggle can round it up to a
 multiple of 64 without changing what the model computes: padded logits are set to -inf, so they never
 receive probability mass in the loss or in sampling.
+
+For generation, `forward` also takes a KV cache (`scalekit.models.kv_cache`): the absolute positions of the
+new tokens (`input_pos`, a tensor) and, for a batch of prompts of different lengths, how many padding
+tokens each row starts with (`pad`, left padding: a row never attends to its padding, and its positions
+count from its first real token).  Without them the forward is the training forward, unchanged.
 """
 
 from __future__ import annotations
@@ -47,18 +52,24 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask.view(1, 1, cfg.block_size, cfg.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, input_pos: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         hs = C // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            k, v = cache.update(k, v, input_pos)  # (B, nh, L, hs): the keys and values kept, these included
+        # mask: None is causal over these T tokens (training); else (B or 1, 1, T, L), True where attended
         if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # fused kernel where the device has one
+            # fused kernel where the device has one
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, L)
+            keep = self.causal_mask[:, :, :T, :T] if mask is None else mask
+            att = att.masked_fill(~keep, float("-inf"))
             att = F.softmax(att, dim=-1)
             y = att @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -85,8 +96,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache=None, input_pos: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, input_pos, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -130,14 +142,19 @@ class GPT(nn.Module):
             n -= (self.config.embedding_rows - self.config.vocab_size) * self.config.n_embd
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache=None,
+                input_pos: torch.Tensor | None = None, pad: torch.Tensor | None = None):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        if cache is None and pad is None:  # training, and generation without a cache or padding
+            mask, pos = None, torch.arange(T, device=idx.device)
+        else:
+            mask, pos, input_pos = self._generation_mask(T, idx.device, cache, input_pos, pad)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            # training calls block(x) alone: activation checkpointing wraps exactly that call
+            x = block(x) if mask is None else block(x, None if cache is None else cache.layers[i], input_pos, mask)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)  # (B, T, embedding_rows)
         V = self.config.vocab_size
@@ -149,6 +166,24 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits[..., :V], loss
+
+    def _generation_mask(self, T: int, device, cache, input_pos, pad):
+        """The attention mask (B or 1, 1, T, L), the position ids and the positions (T,) of T new tokens."""
+        if input_pos is None:
+            if cache is not None and cache.static:
+                raise ValueError("a static KV cache is written at the positions given: pass input_pos")
+            start = 0 if cache is None else cache.length
+            input_pos = torch.arange(start, start + T, device=device)
+        keys = torch.arange(T, device=device) if cache is None else cache.key_positions(T, device)  # (L,)
+        mask = (keys[None, :] <= input_pos[:, None])[None]  # (1, T, L): causal by position, unwritten slots out
+        pos = input_pos
+        if pad is not None:
+            # a row never attends to its left padding; a padding position sees itself (a row of nothing but
+            # -inf would give NaN), and real tokens count their positions from the row's first real one
+            real = (keys[None, None, :] >= pad[:, None, None]) | (keys[None, None, :] == input_pos[None, :, None])
+            mask = mask & real  # (B, T, L)
+            pos = (input_pos[None, :] - pad[:, None]).clamp_min(0)  # (B, T)
+        return mask.unsqueeze(1), pos, input_pos  # mask (B or 1, 1, T, L): the same for every head
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

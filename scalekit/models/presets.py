@@ -20,6 +20,7 @@ class Preset:
     batch_size: int  # default batch for this preset
     data: str  # default data source: "shakespeare" (characters) or "synthetic"
     note: str
+    pretrained: str | None = None  # the shipped weights of this shape (RunConfig(init="pretrained") loads them)
 
     def gpt_config(self, seq_len: int | None = None) -> GPTConfig:
         return GPTConfig(block_size=max(self.block_size, seq_len or 0), vocab_size=self.vocab_size,
@@ -34,6 +35,8 @@ PRESETS: dict[str, Preset] = {
         Preset("medium", 6, 6, 384, 256, CHAR_VOCAB, 16, "shakespeare",
                "≈10.7M params; nanoGPT's shakespeare-char model"),
         Preset("gpt2-124m", 12, 12, 768, 1024, 50257, 16, "synthetic", "GPT-2 small: 124M params"),
+        Preset("shakespeare-char", 4, 4, 128, 1024, CHAR_VOCAB, 8, "shakespeare",
+               "≈0.93M params, context 1024: the shape of the shipped pretrained model", "shakespeare-char"),
     )
 }
 

@@ -22,25 +22,42 @@ from .. import distributed
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..hardware import detect, gpu_count_without_cuda_init
+from ..models import GPT
+from ..models.blocks import block_linears
 from ..models.presets import PRESETS
 from ..toggles import BuildContext, apply_toggles
 from ..toggles.grad_accum import divisors
 from .estimate import FP32, Estimate
 from .gpt import gpt_estimate
 from .ranks import SPREAD, per_rank
-from .traced import planning_hardware, traced_estimate
+from .traced import PlanUnavailable, planning_hardware, traced_estimate
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # Toggles the prediction itself accounts for.
-MODELLED = ("bf16", "fp16", "sdpa", "nice_numbers", "optim", "checkpointing", "fused_adamw", "grad_accum")
+MODELLED = ("bf16", "fp16", "sdpa", "nice_numbers", "optim", "checkpointing", "fused_adamw", "grad_accum",
+            "head_only", "lora", "dora", "quantized_base")
+# Toggles only the traced planner models (the built-in GPT's analytic plan has no adapters or quantized base).
+TRACED_ONLY = ("head_only", "lora", "dora", "quantized_base")
 # What the plan says about the others (the distributed ones are planned per rank, see plan.ranks).
 NOTES = {
     "tf32": "tf32 changes how matmuls round, not the size of any tensor",
     "compile": "compile fuses ops and can keep less; this plan is for eager execution",
     "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
     "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
+    # generation toggles: in a training run they act on the evaluation between steps (eval_every), not a step
+    "inference_mode": "inference_mode applies to the evaluation (eval_every), not to a training step",
+    "kv_cache": "kv_cache applies to the evaluation's sample (eval_every), not to a training step",
+    "quantize": "quantize applies to generation only (scalekit.generate): it never runs in a training step",
+    "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
+    "vectorized_transforms": "vectorized_transforms changes how the input pipeline transforms a batch (its "
+                             "temporaries are the size of one batch), not a step's memory",
+    "dataloader_num_workers": "dataloader_num_workers adds worker processes, each with its own memory (a few "
+                              "batches in flight and a copy-on-write view of the dataset), outside this plan",
+    "dataloader_pin_memory": "dataloader_pin_memory keeps a few batches in pinned host memory, not device memory",
+    "non_blocking": "non_blocking changes when the copy of a batch to the device runs, not its size",
+    "data_echo": "data_echo repeats batches; a step's memory is the same",
 }
 
 __all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
@@ -58,8 +75,8 @@ def estimate(config: RunConfig, device: str | None = None, world_size: int | Non
     spread = [n for n in cfg.toggles if n in SPREAD]
     world = _world_size(world_size) if spread else 1
     local = _one_rank(cfg, world, spread)
-    if cfg.custom_model:
-        single = traced_estimate(local, device_type, cfg.label)
+    if cfg.custom_model or any(n in TRACED_ONLY for n in cfg.toggles):
+        single = traced_estimate(local, device_type, cfg.label, _quantized_shapes(local, device_type))
     else:
         single = gpt_estimate(local, _gpt_config(local, device_type), device_type, cfg.label)
     if spread:
@@ -98,6 +115,21 @@ def _one_rank(cfg: RunConfig, world: int, spread: list[str]) -> RunConfig:
                           f"batch_size/k sequences); allowed here: {', '.join(map(str, divisors(per_rank)))}")
     toggles = {n: v for n, v in cfg.toggles.items() if n not in spread}
     return dataclasses.replace(cfg, batch_size=cfg.batch_size // world, toggles=toggles)
+
+
+def _quantized_shapes(cfg: RunConfig, device_type: str) -> list[tuple[int, int]] | None:
+    """(out, in) of each weight quantized_base would quantize: the adapter targets, read off the model built
+    on the meta device."""
+    if "quantized_base" not in cfg.toggles:
+        return None
+    import torch
+
+    with torch.device("meta"):
+        if cfg.custom_model:
+            model = cfg.model if isinstance(cfg.model, torch.nn.Module) else cfg.model()
+        else:
+            model = GPT(_gpt_config(cfg, device_type))
+    return [tuple(model.get_submodule(n).weight.shape) for n in block_linears(model, cfg.adapter_targets)]
 
 
 def _gpt_config(cfg: RunConfig, device_type: str):
@@ -144,7 +176,10 @@ def check_fits(cfg: RunConfig, hw) -> str | None:
     if cfg.custom_model:
         need, what = _weights_and_state_bytes(cfg) * ranks_here, "weights, gradients and AdamW state alone"
     else:
-        plan = estimate(cfg, device=hw.device_type, world_size=ranks if ranks > 1 else None)
+        try:
+            plan = estimate(cfg, device=hw.device_type, world_size=ranks if ranks > 1 else None)
+        except PlanUnavailable as exc:  # the run itself will say what is wrong, in its own words
+            return f"memory not checked before the run: {str(exc).splitlines()[0][:160]}"
         need, what = plan.peak_bytes * ranks_here, "planned peak memory"
     if need > MEMORY_MARGIN * total:
         where = "GPU memory" if hw.device_type == "cuda" else "RAM"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 
 import torch
@@ -30,9 +31,15 @@ from ..toggles.optim import EIGHT_BIT
 from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
 
+
+class PlanUnavailable(ConfigError):
+    """The step could not be traced on fake tensors (the message says why); measure the run instead."""
+
+
 # toggles the trace runs as they are; the others are left out of it and accounted for by the caller
 TRACED = ("tf32", "bf16", "fp16", "drop_last", "sdpa", "nice_numbers", "checkpointing", "fused_adamw", "optim",
-          "grad_accum")  # sdpa and nice_numbers reach a traced model only through its adapter (Hugging Face)
+          "grad_accum", "head_only", "lora", "dora")  # sdpa and nice_numbers reach a traced model only through its
+# adapter (Hugging Face)
 
 
 def planning_hardware(device_type: str) -> Hardware:
@@ -43,8 +50,12 @@ def planning_hardware(device_type: str) -> Hardware:
                     torch_version=torch.__version__, cuda_version=torch.version.cuda)
 
 
-def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
-    """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors."""
+def traced_estimate(cfg, device_type: str, label: str, quantized: list[tuple[int, int]] | None = None) -> Estimate:
+    """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors.
+
+    `quantized`: the (out_features, in_features) of each weight the quantized_base toggle holds in 4 or 8
+    bits (bitsandbytes' kernels cannot run on fake tensors: those weights are traced in fp32 and swapped).
+    """
     notes = []
     if device_type == "cuda" and not torch.cuda.is_available():
         # fake CUDA tensors need a CUDA build of torch for many of their ops
@@ -54,27 +65,22 @@ def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
     optim = toggles.get("optim")
     if optim in EIGHT_BIT:
         del toggles["optim"]  # traced with AdamW; the 8-bit state is counted from the shapes below
-    traced_cfg = dataclasses.replace(cfg, toggles=toggles)
-    if cfg.batch_fn is None and cfg.custom_model:
-        # a model family's default batches (Hugging Face: windows of the corpus) come from a DataLoader, which
-        # reads real numbers; token values change no tensor's size, so the trace takes random tokens instead
-        traced_cfg = dataclasses.replace(traced_cfg, data="synthetic")
-    with FakeTensorMode(allow_non_fake_inputs=True), contextlib.ExitStack() as stack:
+    # values do not matter to memory: a pretrained start is traced from random weights, the corpus's batches
+    # (and a model family's default batches: Hugging Face reads windows of the corpus) as random tokens of the
+    # same shape (the loader itself cannot run on fake tensors)
+    data = cfg.data if cfg.batch_fn is not None else "synthetic"
+    traced_cfg = dataclasses.replace(cfg, toggles=toggles, init="random", data=data)
+    with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:
         try:
             step = _trace(traced_cfg, planning_hardware(device_type), stack)
         except Exception as exc:
-            raise ConfigError(f"estimate could not trace one training step of your model on fake tensors "
+            raise PlanUnavailable(f"estimate could not trace one training step of your model on fake tensors "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                               f"run it and read the measured breakdown (RunResult.memory_breakdown())") from exc
     if optim in EIGHT_BIT:
-        embeddings = [i for i, p in enumerate(step["params"]) if id(p) in step["embedding_ids"]]
-        state = optimizer_state_bytes(optim, [tuple(p.shape) for p in step["params"]], embeddings)
-        # forward and backward as traced, with the 8-bit state in place of AdamW's; bitsandbytes' update
-        # works block by block in place, so it is taken to need nothing beyond weights, gradients and state
-        step["peak"] = max(step["backward_peak"] + state - step["state"], step["params_bytes"] + step["grads"] + state)
-        step["state"] = state
-        notes.append(f"optim={optim}: forward and backward were traced with AdamW (bitsandbytes' kernels cannot run "
-                     f"on fake tensors); its 8-bit state is counted from the parameters' shapes")
+        _eight_bit_state(step, optim, notes)
+    if quantized:
+        _quantized_base(step, cfg.toggles["quantized_base"], quantized, notes)
     params, grads, state, peak = step["params_bytes"], step["grads"], step["state"], step["peak"]
     return Estimate(label=label, params_bytes=params, grads_bytes=grads, optimizer_state_bytes=state,
                     activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,
@@ -82,6 +88,64 @@ def traced_estimate(cfg, device_type: str, label: str) -> Estimate:
                     n_params=sum(p.numel() for p in step["params"]), largest_block_bytes=step["block_bytes"],
                     method="traced: one step on fake tensors, "
                     "live tensor bytes counted as the engine measures a CPU run", notes=notes)
+
+
+@contextlib.contextmanager
+def _no_op_moves_skipped():
+    """Module.to(...) that would change nothing returns the module as it is.  Fake tensors cannot be swapped
+    for themselves, which Module.to does for every parameter even when nothing moves (peft moves each new
+    adapter to its base layer's device and dtype, usually where it already is)."""
+    real = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        if all((device is None or t.device == device) and (dtype is None or not t.is_floating_point()
+                                                           or t.dtype == dtype) for t in tensors):
+            return self
+        return real(self, *args, **kwargs)
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = real
+
+
+def _eight_bit_state(step: dict, optim: str, notes: list[str]) -> None:
+    trainable = step["trainable"]
+    embeddings = [i for i, p in enumerate(trainable) if id(p) in step["embedding_ids"]]
+    state = optimizer_state_bytes(optim, [tuple(p.shape) for p in trainable], embeddings)
+    # forward and backward as traced, with the 8-bit state in place of AdamW's; bitsandbytes' update
+    # works block by block in place, so it is taken to need nothing beyond weights, gradients and state
+    step["peak"] = max(step["backward_peak"] + state - step["state"], step["params_bytes"] + step["grads"] + state)
+    step["state"] = state
+    notes.append(f"optim={optim}: forward and backward were traced with AdamW (bitsandbytes' kernels cannot run "
+                 f"on fake tensors); its 8-bit state is counted from the parameters' shapes")
+
+
+def quantized_bytes(mode: str, rows: int, cols: int) -> tuple[int, int]:
+    """(the parameter's bytes, its quantization state's) for one rows×cols weight in bitsandbytes: int8 values
+    and an fp32 scale per row; or 4-bit values packed two to a byte, with an absmax per 64 values itself
+    quantized to uint8 (nested: an fp32 absmax per 256 of those, two small code books and an offset)."""
+    n = rows * cols
+    if mode == "int8":
+        return n, 4 * rows
+    blocks = math.ceil(n / 64)
+    return n // 2, blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 * 16 + 4
+
+
+def _quantized_base(step: dict, mode: str, shapes: list[tuple[int, int]], notes: list[str]) -> None:
+    fp32 = sum(4 * r * c for r, c in shapes)
+    packed = sum(quantized_bytes(mode, r, c)[0] for r, c in shapes)
+    held = packed + sum(quantized_bytes(mode, r, c)[1] for r, c in shapes)
+    # each layer's weight is dequantized to full precision for its matmul, one layer at a time
+    transient = max(4 * r * c for r, c in shapes)
+    step["params_bytes"] += packed - fp32  # the parameters are the packed values; their state sits beside them
+    step["peak"] += held - fp32 + transient
+    notes.append(f"quantized_base={mode}: {len(shapes)} frozen weights counted at {held / 2**20:.2f} MiB instead of "
+                 f"{fp32 / 2**20:.2f} MiB fp32, plus one dequantized weight at a time (traced in fp32: "
+                 f"bitsandbytes' kernels cannot run on fake tensors)")
 
 
 def _trace(cfg, hw: Hardware, stack) -> dict:
@@ -99,10 +163,11 @@ def _trace(cfg, hw: Hardware, stack) -> dict:
     ctx.optimizer.register_step_pre_hook(read_peak)
     peak = training.probe_step_memory(ctx, tracker)
     params = list(ctx.base_model.parameters())
+    trainable = [p for p in params if p.requires_grad]
     embedding_ids = {id(m.weight) for m in ctx.base_model.modules() if isinstance(m, torch.nn.Embedding)}
     blocks = [sum(p.numel() for p in b.parameters()) for b in (ctx.blocks or [])]
     block_bytes = max(blocks, default=sum(p.numel() for p in params)) * 4  # fp32 weights of the largest block
-    return dict(params=params, embedding_ids=embedding_ids, block_bytes=block_bytes,
+    return dict(params=params, trainable=trainable, embedding_ids=embedding_ids, block_bytes=block_bytes,
                 backward_peak=before_update.get("peak", peak), peak=peak, grads=grads.grads_bytes or 0, flops=flops,
                 params_bytes=memory.storage_bytes([*params, *ctx.base_model.buffers()]),
                 state=memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer)))

@@ -2,7 +2,8 @@
 
 A toggle acts once, at its phase, on a freshly built run: "off" means building again without it, never
 undoing it (torch.compile and FSDP cannot be undone).  Phases run in the order of `PHASES` (the engine
-walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.
+walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.  A generation
+(scalekit.inference) walks the same tuple with loop="generate": only toggles whose `loops` hold it act.
 
 Toggles never test each other's names: they meet in the fields of `BuildContext`, each declared below
 with what it means.  The context has slots, so setting a field it does not declare is an error.
@@ -77,6 +78,11 @@ class BuildContext:
     grad_scaler: Any = None  # torch.amp.GradScaler for fp16 loss scaling, used by the stepper
     # -- data ------------------------------------------------------------------------------------------
     loader_kwargs: dict = field(default_factory=dict)  # DataLoader options set by data toggles
+    read_training_format: bool = False  # shakespeare-raw reads the pre-tokenized memmap instead of raw text
+    batch_transforms: bool = False  # shakespeare-raw's per-sample transform runs once per batch, with tensor ops
+    non_blocking_copy: bool = False  # batches are copied to the device with non_blocking=True
+    batch_wrappers: list = field(default_factory=list)  # callables(batches) -> batches around the pipeline (echo)
+    batch_counter: Any = None  # the pipeline's batches, counted before any wrapper (data.CountedBatches)
     batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
     # -- model -----------------------------------------------------------------------------------------
     gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)
@@ -95,6 +101,12 @@ class BuildContext:
     stepper: Any = None  # backward(loss, boundary) and step(): OptimizerStep, or an engine that owns them
     grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
+    # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
+    inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under
+    kv_cache: str | None = None  # the KV cache decode keeps ("dynamic", "static"); None: re-read the sequence
+    reference_model: torch.nn.Module | None = None  # the model as built, before wrap-phase toggles changed it
+    built_weight_bytes: int | None = None  # bytes of the weights as built, before quantization changed them
+    evaluator: Any = None  # evaluation run between training steps, untimed (RunConfig.eval_every), or None
     notes: list[str] = field(default_factory=list)  # said beside the run's results
 
 
@@ -112,10 +124,16 @@ class Toggle:
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
     gpt_only: bool = False  # changes the built-in GPT's architecture: another model needs an adapter that can
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
+    changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
 
     def available(self, hw) -> tuple[bool, str]:
         """(True, "") or (False, the reason in plain words)."""
         return True, ""
+
+    def choice_available(self, hw, value: Any) -> tuple[bool, str]:
+        """Whether this toggle can run with `value` (one of its choices) here; by default what `available` says.
+        A toggle whose modes need different libraries or devices (quantization methods) answers per mode."""
+        return self.available(hw)
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         """What `available` would answer in each rank of a multi-process launch (the Lab and CLI launch

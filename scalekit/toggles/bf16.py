@@ -14,6 +14,7 @@ class BF16(Toggle):
     helps_when = "the GPU has bf16 tensor cores (Ampere+); on CPUs with AVX512-BF16/AMX and larger models"
     group = "precision"
     phase = "precision"
+    loops = ("train", "generate")
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.bf16_supported:

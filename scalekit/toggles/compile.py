@@ -17,6 +17,7 @@ class Compile(Toggle):
     helps_when = "memory-bound elementwise chains (GELU, norms, residual adds) dominate; GPU models of some size"
     group = "compile"
     phase = "wrap"
+    loops = ("train", "generate")
     choices = COMPILE_MODES
 
     def available(self, hw) -> tuple[bool, str]:

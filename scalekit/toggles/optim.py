@@ -84,14 +84,18 @@ def state_bytes_by_kind(optimizer: torch.optim.Optimizer) -> dict[str, dict[str,
 def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
     """8-bit state is too coarse for token embeddings (rare rows, large updates): keep theirs in 32 bits.
 
-    The built-in GPT gets bitsandbytes' StableEmbedding (the embedding plus a LayerNorm, 32-bit state), tied to
-    lm_head as before; a model of your own has its nn.Embedding weights registered for 32-bit state (what HF's
-    Trainer does).  bitsandbytes keeps such overrides in a process-wide manager: they are removed after the run.
+    The built-in GPT trained from scratch gets bitsandbytes' StableEmbedding (the embedding plus a LayerNorm,
+    32-bit state), tied to lm_head as before; a model of your own, or pretrained weights (which a new LayerNorm
+    would change), has its nn.Embedding weights registered for 32-bit state instead (what HF's Trainer does);
+    a frozen embedding has no state at all.  bitsandbytes keeps such overrides in a process-wide manager: they
+    are removed after the run.
     """
     manager = bnb.optim.GlobalOptimManager.get_instance()
     saved = dict(manager.pid2config), dict(manager.index2config), list(manager.module_weight_config_triple)
     model = ctx.base_model
-    if ctx.config.custom_model:
+    embedding = getattr(getattr(model, "transformer", None), "wte", None)
+    if ctx.config.custom_model or ctx.config.init != "random" or \
+            (embedding is not None and not embedding.weight.requires_grad):
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})

@@ -12,6 +12,7 @@ class SDPA(Toggle):
     helps_when = "sequences are long: the T×T attention matrix is never written to memory"
     group = "kernels"
     phase = "model_config"
+    loops = ("train", "generate")
     gpt_only = True  # the built-in GPT's switch, or a model family's (Hugging Face: attn_implementation)
 
     def applies_to(self, adapter) -> tuple[bool, str]:

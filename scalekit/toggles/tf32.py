@@ -14,6 +14,7 @@ class TF32(Toggle):
     helps_when = "an Ampere or newer NVIDIA GPU runs fp32 matmuls (≈3× on A100)"
     group = "precision"
     phase = "process"
+    loops = ("train", "generate")
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.tf32_supported:

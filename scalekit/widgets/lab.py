@@ -9,6 +9,11 @@ background thread, so the buttons stay live; Stop ends the run within one step a
 measured.  A second thread, the view, redraws the plots, the progress line and the elapsed time at
 most `updates_per_s` times a second, and less often when a redraw is costly, so that the live view
 takes about VIEW_BUDGET (0.5%) of the run's time at most.
+
+Toggles that need several processes (ddp, fsdp) run in ranks the Lab launches; such a run is stopped
+after `lab.launch_timeout_s` seconds (LAUNCH_TIMEOUT_S, 10 minutes, unless you change it), so a rank
+that hangs ends as a failed run that names the ranks still running and where they were, and the Lab
+is ready again, instead of waiting for ever.
 """
 
 from __future__ import annotations
@@ -31,14 +36,22 @@ from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
 from ..models.families import model_adapter
-from ..plots import memory_breakdown_figure
-from ..toggles import TOGGLES, needs_process_group
+from ..plots import memory_breakdown_figure, step_time_figure, step_time_rows
+from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
 from .table import results_frame, results_html
+from .tune import TuneControls
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
 MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
+LAUNCH_TIMEOUT_S = 600.0  # a launched (ddp, fsdp) run is stopped after this long: a hung rank cannot hold the Lab
+
+
+def training_toggles(cfg: RunConfig) -> tuple:
+    """The toggles a training Lab offers: those of the training loop, and, when the run evaluates
+    (eval_every), the generation toggles that act on its evaluation (none that replaces weights)."""
+    return tuple(t for t in ORDER if "train" in t.loops or (cfg.eval_every and not t.changes_weights))
 
 
 @dataclass
@@ -60,12 +73,27 @@ class ViewCost:
         return self.cpu_s / self.run_wall_s if self.run_wall_s else 0.0
 
 
+TASKS = ("train", "generate")
+
+
 class Lab:
-    """A toggle panel, Run/Stop, live plots and a results table for one model."""
+    """A toggle panel, Run/Stop, live plots and a results table for one model.
+
+    Lab(task="generate") is the generation Lab (widgets/generate_lab.py): inference toggles, a prompt,
+    live per-token latency and tokens/s, the text as it is produced, quality beside speed."""
+
+    def __new__(cls, *args, task: str = "train", **kwargs):
+        if task not in TASKS:
+            raise ConfigError(f"Lab.task must be one of {', '.join(map(repr, TASKS))}, got {task!r}")
+        if task == "generate":
+            from .generate_lab import GenerateLab
+
+            return GenerateLab(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, preset: str = "auto", *, model=None, batch_fn=None, loss_fn=None, steps: int = 20,
                  batch_size: int | None = None, device: str = "auto", updates_per_s: float = 4.0, hw=None,
-                 **config):
+                 task: str = "train", **config):
         # validated now, so a bad argument fails here with the field named, not at the first Run
         self.base_config = RunConfig(preset=preset, model=model, batch_fn=batch_fn, loss_fn=loss_fn, steps=steps,
                                      batch_size=batch_size, device=device, **config)
@@ -74,6 +102,7 @@ class Lab:
                               f"got {updates_per_s!r}")
         self.hw = hw or detect(device)
         self.update_interval_s = 1.0 / updates_per_s
+        self.launch_timeout_s = LAUNCH_TIMEOUT_S  # seconds a run in launched ranks may take (see the module doc)
         self.default_batch_size = self.base_config.resolve(self.hw).batch_size
         self.runs: list[tuple[int, RunResult]] = []  # every run, failed ones included
         self.view_costs: dict[int, ViewCost] = {}
@@ -87,13 +116,15 @@ class Lab:
         self._make_controls(steps)
         self._make_views()
         self._connect()
+        self.tune = TuneControls(self)  # "Find the fastest": autotune from the panel's selection
         self.widget = self._layout()
 
     def _make_controls(self, steps: int) -> None:
         """The toggle panel, Run/Stop, the run's sizes and the save buttons."""
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
         self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True,
-                                 adapter=model_adapter(self.base_config.model))  # what a Hugging Face model can change
+                                 adapter=model_adapter(self.base_config.model),  # what a Hugging Face model can change
+                                 toggles=training_toggles(self.base_config))
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",
@@ -128,6 +159,12 @@ class Lab:
                                                       barmode="stack", height=320, template="plotly_white",
                                                       margin=dict(l=60, r=10, t=40, b=40)))
         self.memory_bar.add_class("scalekit-memory-breakdown")
+        # each run's mean step split in the wait for its batch and the rest: a data-bound run stands out
+        self.time_bar = go.FigureWidget(layout=dict(title=dict(text="Time per step: waiting for data, and the rest "
+                                                               "(ms)", font=dict(size=14)),
+                                                    barmode="stack", height=320, template="plotly_white",
+                                                    margin=dict(l=60, r=10, t=40, b=40)))
+        self.time_bar.add_class("scalekit-data-wait")
 
     def _connect(self) -> None:
         self.run_button.on_click(self._guard(lambda _: self.start()))
@@ -145,8 +182,8 @@ class Lab:
         buttons = w.HBox([self.run_button, self.stop_button, self.steps, self.batch_size]
                          + ([self.processes] if launchable else []))
         widget = w.VBox([header, self.panel.widget, self.warning, buttons, w.HBox([self.progress, self.status]),
-                         self.message, self.plots.widget(), self.table, self.memory_bar,
-                         w.HBox([self.csv_button, self.json_button]), self.log])
+                         self.message, self.plots.widget(), self.table, self.time_bar, self.memory_bar,
+                         w.HBox([self.csv_button, self.json_button]), self.tune.widget, self.log])
         widget.add_class("scalekit-lab")
         return widget
 
@@ -201,6 +238,12 @@ class Lab:
                                         daemon=True)
         self._thread.start()
         return True
+
+    def find_fastest(self, budget_mb: float | None = None, time_budget_s: float | None = None,
+                     run_steps: int = 1000) -> bool:
+        """What "Find the fastest" does: autotune from the current selection in the background (see
+        Lab.tune.result); when it is done the panel shows the winner.  Stop ends the search within one step."""
+        return self.tune.start(budget_mb, time_budget_s, run_steps)
 
     def stop(self) -> None:
         """What Stop does: the run ends before its next step; what it measured is kept, marked stopped."""
@@ -305,12 +348,14 @@ class Lab:
 
     def _launch(self, cfg: RunConfig, on_step, on_status) -> RunResult:
         """Run `cfg` in `processes` ranks; its steps reach the plots when the ranks are done (they run in
-        other processes, so nothing streams back live).  Stop cannot reach into the ranks."""
+        other processes, so nothing streams back live).  Stop cannot reach into the ranks; the launch's
+        time limit (launch_timeout_s) ends them if they hang."""
         from ..launch import launch_run
 
         n = self.processes.value
-        on_status(f"running in {n} processes; the plots fill in when they finish")
-        result = launch_run(cfg, nprocs=n, catch_errors=True)
+        on_status(f"running in {n} processes (at most {self.launch_timeout_s:g} s); the plots fill in when they "
+                  f"finish")
+        result = launch_run(cfg, nprocs=n, catch_errors=True, timeout_s=self.launch_timeout_s)
         for record in result.steps:
             on_step(record)
         return result
@@ -352,6 +397,7 @@ class Lab:
                       f"as stopped.")
         self.table.value = results_html(self.results)
         self._show_memory()
+        self._show_step_time()
         self._set_status(f"{key}: {result.status}" + (f", {result.tokens_per_s:,.0f} tokens/s"
                                                       if result.tokens_per_s else ""))
         self._lock_controls(False)
@@ -365,6 +411,15 @@ class Lab:
         fig = memory_breakdown_figure(rows, title=self.memory_bar.layout.title.text)
         self.memory_bar.data = ()
         self.memory_bar.add_traces(list(fig.data))
+
+    def _show_step_time(self) -> None:
+        """Redraw the data-wait bars: one per run that measured steps."""
+        rows = [(f"#{n} {label}", parts) for n, r in self.runs for label, parts in step_time_rows([r])]
+        if not rows:
+            return
+        fig = step_time_figure(rows, title=self.time_bar.layout.title.text)
+        self.time_bar.data = ()
+        self.time_bar.add_traces(list(fig.data))
 
     def _lock_controls(self, locked: bool) -> None:
         self.panel.set_locked(locked)

@@ -21,7 +21,7 @@ from ..toggles import EXCLUSIVE, ORDER, Toggle
 
 OFF = "off"
 # What "none of the exclusive toggles" means, where the group has a better word for it than "off".
-NONE_LABEL = {"precision": "fp32", "optimizer": "AdamW (default)"}
+NONE_LABEL = {"precision": "fp32", "optimizer": "AdamW (default)", "finetune": "full fine-tuning"}
 
 
 @dataclass
@@ -102,11 +102,22 @@ def _dropdown(description: str, choices: dict[Any, dict], labels: list[str], off
     return widget, choices, off
 
 
-def _modes_dropdown(t: Toggle, reason: str):
-    choices = {OFF: {}, **{c: {t.name: c} for c in t.choices}}
-    widget, choices, off = _dropdown(t.name, choices, [OFF] + [str(c) for c in t.choices], OFF, t.summary)
+def _modes_dropdown(t: Toggle, reason: str, left_out: dict | None = None):
+    offered = [c for c in t.choices if c not in (left_out or {})]  # modes this machine cannot run are left out
+    choices = {OFF: {}, **{c: {t.name: c} for c in offered}}
+    widget, choices, off = _dropdown(t.name, choices, [OFF] + [str(c) for c in offered], OFF, t.summary)
     widget.disabled = bool(reason)
     return widget, choices, off
+
+
+def unavailable_modes(t: Toggle, hw, reason: str) -> dict:
+    """{mode: why} for the modes of `t` that cannot run here although `t` itself can (quantization methods)."""
+    out = {}
+    for c in () if reason or t.choices is None else t.choices:
+        ok, why = t.choice_available(hw, c)
+        if not ok:
+            out[c] = why
+    return out
 
 
 def _exclusive_dropdown(key: str, members: list[Toggle], reasons: dict[str, str]):
@@ -155,8 +166,11 @@ class TogglePanel:
             else:
                 key = t.name
                 reason = reasons.get(t.name, "")
-                widget, choices, off = (_checkbox if t.choices is None else _modes_dropdown)(t, reason)
+                left_out = unavailable_modes(t, hw, reason)
+                widget, choices, off = _checkbox(t, reason) if t.choices is None else _modes_dropdown(t, reason, left_out)
                 text = f"unavailable: {reason}" if reason else t.summary
+                if left_out:
+                    text += " — not here: " + "; ".join(f"{c}: {why}" for c, why in left_out.items())
             widget.add_class(f"scalekit-toggle-{key}")
             note = _note(text, bool(reasons))
             control = ToggleControl(key, widget, tuple(m.name for m in members), choices, off, reasons,

@@ -9,8 +9,11 @@ import pandas as pd
 
 from ..measure.results import RunResult, compare
 
-COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "peak_mem_mb",
-           "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "data_wait_ms",
+           "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+
+
+FINETUNE_COLUMNS = ["trainable_params", "trainable_%", "heldout_before", "heldout_after"]
 
 
 def results_frame(runs: list[tuple[int, RunResult]]) -> pd.DataFrame:
@@ -33,7 +36,8 @@ def results_frame(runs: list[tuple[int, RunResult]]) -> pd.DataFrame:
     else:
         df["speedup"] = None
         df["mem_ratio"] = None
-    return df.reindex(columns=COLUMNS)
+    extra = [c for c in FINETUNE_COLUMNS if c in df.columns]  # fine-tuning runs: what trains, what it learned
+    return df.reindex(columns=COLUMNS[:-1] + extra + COLUMNS[-1:])
 
 
 def _nan(x) -> bool:
@@ -43,22 +47,29 @@ def _nan(x) -> bool:
 def _fmt(column: str, value) -> str:
     if value is None or _nan(value):
         return "n/a" if column == "mfu" else "–"
-    if column == "mfu":
+    if column in ("mfu", "data_wait_frac"):
         return f"{value:.1%}"
     if column in ("speedup", "mem_ratio"):
         return f"{value:.2f}×"
     if column == "tokens_per_s":
         return f"{value:,.0f}"
-    if column in ("step_ms", "step_ms_iqr", "peak_mem_mb", "compile_s"):
+    if column in ("step_ms", "step_ms_iqr", "data_wait_ms", "peak_mem_mb", "compile_s"):
         return f"{value:.2f}"
-    if column == "final_loss":
+    if column in ("final_loss", "heldout_before", "heldout_after"):
         return f"{value:.4f}"
+    if column == "trainable_%":
+        return f"{value:.2f}%"
+    if column == "trainable_params":
+        return f"{int(value):,}"
     return str(value)
 
 
 HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "batch", "step_ms": "median step ms",
-           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "peak_mem_mb": "peak MB",
+           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "data_wait_ms": "data wait ms",
+           "data_wait_frac": "waiting for data", "peak_mem_mb": "peak MB",
            "mem_ratio": "memory ratio", "mfu": "MFU", "final_loss": "final loss", "compile_s": "compile s",
+           "trainable_params": "trainable", "trainable_%": "trainable share", "heldout_before": "held-out before",
+           "heldout_after": "held-out after",
            "note": "note"}
 
 

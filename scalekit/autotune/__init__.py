@@ -1,0 +1,165 @@
+"""`scalekit.autotune`: find the fastest configuration for this model on this machine, within a memory budget.
+
+    result = scalekit.autotune(RunConfig(preset="small"), budget_bytes=2**30, time_budget_s=120, run_steps=5000)
+    result.best            # the RunConfig chosen
+    result.table()         # the path (each accepted change, its speed-up and memory) and every rejection, why
+
+The search itself (`autotune.search`) is measurement-agnostic; this module gives it the real machine: the
+toggles' own availability and exclusions, the planner for pruning, and `scalekit.run` for measuring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import RunConfig
+from ..engine import run
+from ..errors import ConfigError
+from ..hardware import detect
+from ..plan import PlanUnavailable, estimate
+from ..toggles import TOGGLES
+from .search import MIN_GAIN, ROUNDS, Candidate, Measurement, Search, SearchSpace, search
+
+__all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "CHANGES", "MIN_GAIN",
+           "ROUNDS"]
+
+# What autotune tries, in order (after build-nanogpt's ladder, then the data pipeline, then memory levers that
+# can also speed a step up): (label, toggles).  A change whose toggles this version of scalekit lacks, or that
+# does not apply to the model, is left out; one that is unavailable here is listed as rejected, with why.
+CHANGES: tuple[tuple[str, dict], ...] = (
+    ("tf32", {"tf32": True}),
+    ("bf16", {"bf16": True}),
+    ("fp16 (no bf16 here)", {"fp16": True}),
+    ("sdpa", {"sdpa": True}),
+    ("nice_numbers", {"nice_numbers": True}),
+    ("fused AdamW", {"optim": "adamw_torch_fused"}),
+    ("compile", {"compile": "default"}),
+    ("dataloader_num_workers=2", {"dataloader_num_workers": 2}),
+    ("training_format", {"training_format": True}),
+    ("vectorized_transforms", {"vectorized_transforms": True}),
+    ("dataloader_pin_memory", {"dataloader_pin_memory": True}),
+    ("non_blocking", {"non_blocking": True}),
+    ("checkpointing (to fit)", {"checkpointing": 1}),
+    ("8-bit AdamW (to fit)", {"optim": "adamw_bnb_8bit"}),
+)
+MEMORY_ONLY = ("checkpointing (to fit)", "8-bit AdamW (to fit)")  # tried only while the best is over budget
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What autotune found, with the whole search kept for the table and the plots."""
+
+    best: RunConfig
+    search: Search
+    budget_bytes: int | None
+    run_steps: int
+
+    @property
+    def path(self) -> list[Candidate]:
+        return self.search.path
+
+    @property
+    def rejected(self) -> list[Candidate]:
+        return self.search.rejected
+
+    def table(self):
+        """One row per candidate: kept or not, why, its paired speed-up and noise, tokens/s and peak."""
+        import pandas as pd
+
+        rows = [{"change": c.label, "kept": c.accepted, "speedup vs best then": c.speedup, "noise ±": c.noise,
+                 "tokens_per_s": c.tokens_per_s,
+                 "peak_mem_mb": c.peak_bytes / 2**20 if c.peak_bytes is not None else None,
+                 "compile_s": c.compile_s, "why": c.reason} for c in self.search.candidates]
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        s = self.search
+        return {"best": self.best.to_dict(), "best_tokens_per_s": s.best_tokens_per_s,
+                "best_peak_bytes": s.best_peak_bytes, "budget_bytes": self.budget_bytes, "run_steps": self.run_steps,
+                "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
+                "candidates": [dataclasses.asdict(c) for c in s.candidates]}
+
+    def summary(self) -> str:
+        s = self.search
+        kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
+        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "not measured")
+        stop = f"; stopped early: {s.stopped}" if s.stopped else ""
+        return (f"chose {self.best.describe()} ({speed}) after {len(s.candidates)} candidates in {s.elapsed_s:.0f} s; "
+                f"kept: {kept}{stop}")
+
+
+def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
+             run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
+             hw=None) -> TuneResult:
+    """The fastest configuration found for `config`'s model on this machine whose measured peak fits
+    `budget_bytes` (None: no budget), searching at most `time_budget_s` seconds.  `run_steps` is the length
+    of the real run planned: one-off costs (compile time) must pay for themselves over it.  Each candidate
+    is measured for `steps` steps after `warmup_steps`, against the best so far in paired rounds."""
+    _check(budget_bytes, time_budget_s, run_steps, steps)
+    hw = hw or detect(config.device)
+    base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
+    space = machine_space(base, hw, stop)
+    found = search(base.resolve(hw), space, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
+                   run_steps=run_steps, stop=stop, on_candidate=on_candidate)
+    best = dataclasses.replace(found.best, steps=config.steps, warmup_steps=config.warmup_steps, label=None)
+    return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
+
+
+def _check(budget_bytes, time_budget_s, run_steps, steps) -> None:
+    for name, value, integer in (("budget_bytes", budget_bytes, True), ("time_budget_s", time_budget_s, False),
+                                 ("run_steps", run_steps, True), ("steps", steps, True)):
+        if value is None and name == "budget_bytes":
+            continue
+        bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)) or not value > 0
+        if bad:
+            raise ConfigError(f"autotune: {name} must be a positive {'whole number' if integer else 'number'}, "
+                              f"got {value!r}")
+
+
+def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
+    """The search space on this machine: the changes that exist and apply, the toggles' own rules, the planner,
+    and scalekit.run."""
+    bf16_here = "bf16" in TOGGLES and TOGGLES["bf16"].available(hw)[0]
+    changes = [(label, t) for label, t in CHANGES if all(n in TOGGLES for n in t)
+               and not (base.custom_model and any(TOGGLES[n].gpt_only for n in t))
+               and not ("fp16" in t and bf16_here)]  # fp16 is what to try where bf16 is not
+
+    def available(name: str) -> tuple[bool, str]:
+        return TOGGLES[name].available(hw)
+
+    def conflicts(toggles: dict) -> str | None:
+        try:
+            dataclasses.replace(base, toggles=toggles)
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[-1]
+        return None
+
+    def planned_peak(cfg: RunConfig) -> int | None:
+        try:
+            return estimate(cfg, device=hw.device_type).peak_bytes
+        except PlanUnavailable:
+            return None
+
+    def measure(cfg: RunConfig) -> Measurement:
+        r = run(cfg, stop=stop, hw=hw, catch_errors=True)
+        if r.status not in ("ok", "stopped") or not r.tokens_per_s:
+            return Measurement(0.0, None, failed=r.error or r.status)
+        return Measurement(r.tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, r.median_step_ms)
+
+    return SearchSpace(changes=changes, available=available, conflicts=conflicts, planned_peak=planned_peak,
+                       measure=measure, batch_sizes=lambda cfg, budget: _larger_batches(cfg, budget, planned_peak),
+                       memory_only=frozenset(MEMORY_ONLY))
+
+
+def _larger_batches(cfg: RunConfig, budget_bytes, planned_peak) -> list[int]:
+    """Twice and four times the batch, where the planner says they fit the budget (a budget is needed:
+    without one a larger batch always 'fits' until the machine runs out)."""
+    if budget_bytes is None:
+        return []
+    out = []
+    for factor in (2, 4):
+        bigger = dataclasses.replace(cfg, batch_size=cfg.batch_size * factor)
+        planned = planned_peak(bigger)
+        if planned is not None and planned <= budget_bytes:
+            out.append(bigger.batch_size)
+    return out

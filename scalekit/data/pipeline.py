@@ -1,0 +1,63 @@
+"""The input pipeline as the training loop sees it: batches from a DataLoader copied to the device, counted,
+and a way to end the DataLoader's worker processes when the run ends, however it ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+
+def to_device(batch, device: torch.device, non_blocking: bool = False):
+    """Every tensor of an (x, y) batch on `device`.  non_blocking=True returns before the copy is done, so the
+    host can go on queueing work; it only overlaps anything when the host tensor is in pinned memory."""
+    return tuple(t.to(device, non_blocking=non_blocking) for t in batch)
+
+
+class LoaderBatches:
+    """Endless batches of a DataLoader (whose sampler never ends), copied to `device`.
+
+    `close()` ends the loader's worker processes at once.  Dropping the last reference would end them
+    too, but not soon enough: a traceback being handled (or kept by a notebook) holds the loader's frames,
+    and with them its workers, alive."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, non_blocking: bool = False):
+        self._iterator = iter(loader)  # with workers, this starts them
+        self.device, self.non_blocking = device, non_blocking
+
+    def __iter__(self) -> LoaderBatches:
+        return self
+
+    def __next__(self):
+        return to_device(next(self._iterator), self.device, self.non_blocking)
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the loader's workers (none without workers, or once closed)."""
+        return [w.pid for w in getattr(self._iterator, "_workers", []) if w.is_alive()]
+
+    def close(self) -> None:
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)  # only a multi-process iterator has one
+        if shutdown is not None:
+            shutdown()  # signals the workers, joins them, and terminates any that do not stop
+
+
+class CountedBatches:
+    """The run's batches, counted as the pipeline delivers them (before any echo), and closed with the run."""
+
+    def __init__(self, source: Iterator):
+        self.source = source
+        self.count = 0
+
+    def __iter__(self) -> CountedBatches:
+        return self
+
+    def __next__(self):
+        batch = next(self.source)
+        self.count += 1
+        return batch
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)  # LoaderBatches and generators have one
+        if close is not None:
+            close()

@@ -1,0 +1,72 @@
+"""Building a generation: the model, fresh, with the inference toggles applied phase by phase.
+
+The same phases as a training run (`scalekit.toggles.PHASES`), walked with loop="generate": only toggles
+that apply to generation act (tf32, bf16, sdpa, kv_cache, quantize, compile, inference_mode).  After the
+"model_config" phase the model is built: the shipped weights loaded into a GPT of the (possibly changed)
+config, a preset's random weights, or your model.  Generation has no data or optimizer to build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from ..errors import ConfigError
+from ..models import GPT, PRESETS, GPTConfig
+from ..models.blocks import find_blocks
+from ..models.pretrained import PRETRAINED_NAMES, load_pretrained, pretrained_info
+from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
+from .config import GenerateConfig
+from .weights import weight_bytes
+
+
+def initial_gpt_config(cfg: GenerateConfig) -> GPTConfig | None:
+    """The built-in GPT's config before the toggles change it (None for your own model)."""
+    if isinstance(cfg.model, str):
+        if cfg.model in PRETRAINED_NAMES:
+            return GPTConfig(**pretrained_info(cfg.model)["config"])
+        return PRESETS[cfg.model].gpt_config()
+    if not cfg.custom_model:  # a scalekit GPT instance
+        return copy.deepcopy(cfg.model.config)
+    return None
+
+
+def build_generation(cfg: GenerateConfig, hw, stack: contextlib.ExitStack) -> BuildContext:
+    """The model, built fresh, with the generation toggles of `cfg` applied phase by phase."""
+    torch.manual_seed(cfg.seed)
+    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack, gpt_config=initial_gpt_config(cfg))
+    for phase in PHASES:
+        apply_toggles(ctx, phase, cfg.toggles, loop="generate")
+        if phase in BUILDERS:
+            BUILDERS[phase](ctx)
+    return ctx
+
+
+def build_generation_model(ctx: BuildContext) -> None:
+    cfg: GenerateConfig = ctx.config
+    if ctx.gpt_config is None:  # your own model
+        model = copy.deepcopy(cfg.model) if isinstance(cfg.model, torch.nn.Module) else cfg.model()
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"GenerateConfig.model() returned {type(model).__name__}, not an nn.Module")
+    else:
+        model = GPT(ctx.gpt_config)  # the toggles' config (sdpa), with the source's weights loaded into it
+        if isinstance(cfg.model, str) and cfg.model in PRETRAINED_NAMES:
+            model.load_state_dict(load_pretrained(cfg.model).state_dict())
+        elif not isinstance(cfg.model, str):
+            model.load_state_dict(cfg.model.state_dict())
+    # eval mode (no dropout); parameters keep requires_grad as built: autocast caches its bf16 copies of
+    # weights only for leaves that require grad, so turning it off would re-cast every weight at every op
+    model = model.to(ctx.device).eval()
+    ctx.base_model = ctx.model = model
+    ctx.blocks = find_blocks(model)
+    ctx.built_weight_bytes = weight_bytes(model)
+    # the reference quality is measured against: the model as built, in fp32 and unquantized. A copy only
+    # when a toggle will replace weights; otherwise the same module, run without autocast
+    changes = any(TOGGLES[name].changes_weights for name in cfg.toggles)
+    ctx.reference_model = copy.deepcopy(model) if cfg.quality and changes else model
+
+
+# What the generation build makes after the toggles of a phase.
+BUILDERS = {"model_config": build_generation_model}

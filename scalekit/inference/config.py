@@ -1,0 +1,251 @@
+"""GenerateConfig: one measured generation, validated up front with errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..config import RunConfig, _normalise_toggles
+from ..data import CharTokenizer, corpus_text
+from ..errors import ConfigError, ToggleUnavailable
+from ..models.presets import PRESETS
+from ..models.pretrained import PRETRAINED_NAMES
+from ..toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
+
+MODEL_NAMES = (*PRETRAINED_NAMES, *PRESETS)  # the shipped model(s), then the presets (random weights)
+GENERATE_TOGGLES = tuple(t.name for t in ORDER if "generate" in t.loops)
+MAX_PROMPTS = 4096
+
+
+@dataclass
+class GenerateConfig:
+    """A model, prompts, how many tokens to generate and how, and the toggles switched on."""
+
+    model: str | torch.nn.Module | Callable[[], torch.nn.Module] = "shakespeare-char"
+    """'shakespeare-char' (the shipped model), a preset ('tiny', 'small', 'medium', 'gpt2-124m': random
+    weights from `seed`), or your own model (a module, or a function building one) whose forward(idx) returns
+    logits (B, T, V) or a tuple that starts with them."""
+    prompts: str | Sequence[str] | Sequence[Sequence[int]] = "ROMEO:"
+    """One prompt, or a batch of them (text, or lists of token ids); prompts of different lengths are left-padded."""
+    max_new_tokens: int = 200
+    """Tokens generated after each prompt."""
+    temperature: float = 0.0
+    """0: greedy (the most likely token every step); above 0: sampled from softmax(logits / temperature)."""
+    top_k: int | None = None
+    """With sampling, only the k most likely tokens are drawn from (None: all)."""
+    seed: int = 1337
+    """Seed for sampling, and for a preset's random weights."""
+    toggles: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
+    """Inference optimizations to switch on: names or {name: True | mode}, e.g. {"kv_cache": "static"}."""
+    device: str = "auto"
+    """'auto' (first GPU, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
+    warmup_tokens: int = 8
+    """New tokens of an unmeasured warm-up generation first (compilation happens there); 0: none."""
+    quality: bool = True
+    """Measure perplexity on held-out text and greedy agreement with the model as built (built-in GPT only)."""
+    quality_windows: int = 8
+    """Held-out windows the quality measures read."""
+    quality_seq_len: int = 256
+    """Tokens per held-out window (at most the model's context)."""
+    measure_memory: bool = True
+    """On CPU, count live tensor bytes over one extra, unmeasured generation for the peak memory."""
+    tokenizer: Any = None
+    """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters."""
+    label: str | None = None
+    """Name of the run in tables and plots (None: made from the toggles)."""
+
+    def __post_init__(self) -> None:
+        self.toggles = _generate_toggles(self.toggles)
+        if isinstance(self.prompts, str):
+            self.prompts = [self.prompts]
+        elif isinstance(self.prompts, Sequence):
+            self.prompts = [p if isinstance(p, str) else list(p) if isinstance(p, Sequence) else p
+                            for p in self.prompts]
+        self.validate()
+
+    # -- validation --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))
+                                               and callable(getattr(self.tokenizer, "decode", None))):
+            raise ConfigError("GenerateConfig.tokenizer must have encode(text) -> ids and decode(ids) -> text")
+        self._validate_model()
+        self._validate_prompts()
+        for name, (low, high) in INT_RANGES.items():
+            _int_in(name, getattr(self, name), low, high)
+        if self.top_k is not None:
+            _int_in("top_k", self.top_k, 1, 2**31)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) \
+                or not 0 <= self.temperature <= 100:
+            raise ConfigError(f"GenerateConfig.temperature must be a number from 0 (greedy) to 100, "
+                              f"got {self.temperature!r}")
+        for name in ("quality", "measure_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"GenerateConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        # the device and label follow RunConfig's rules (and its messages, renamed)
+        with _renamed():
+            RunConfig(device=self.device, label=self.label)
+        self._validate_lengths()
+
+    def _validate_model(self) -> None:
+        if isinstance(self.model, str):
+            if self.model not in MODEL_NAMES:
+                raise ConfigError(f"GenerateConfig.model: unknown model {self.model!r}; allowed: "
+                                  f"{', '.join(MODEL_NAMES)}, or your own nn.Module")
+        elif not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
+            raise ConfigError(f"GenerateConfig.model must be a model name, an nn.Module or a function returning "
+                              f"one, got {type(self.model).__name__}")
+        if self.custom_model:
+            for name in self.toggles:
+                if TOGGLES[name].gpt_only:
+                    raise ToggleUnavailable(f"toggle {name!r} works on the built-in GPT, not on your own model "
+                                            f"(GenerateConfig.model); give a scalekit GPT to use it")
+
+    def _validate_prompts(self) -> None:
+        prompts = self.prompts
+        if not isinstance(prompts, list) or not prompts or len(prompts) > MAX_PROMPTS:
+            raise ConfigError(f"GenerateConfig.prompts must be a prompt (text) or a list of 1 to {MAX_PROMPTS} "
+                              f"of them, got {self.prompts!r:.80}")
+        for i, p in enumerate(prompts):
+            ok = (isinstance(p, str) and p) or (isinstance(p, list) and p and all(
+                isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in p))
+            if not ok:
+                raise ConfigError(f"GenerateConfig.prompts[{i}] must be non-empty text or a non-empty list of "
+                                  f"token ids (integers >= 0), got {p!r:.80}")
+        ids = self.prompt_ids()  # every character must be a token the tokenizer knows
+        if self.custom_model and len({len(p) for p in ids}) > 1:
+            raise ConfigError("GenerateConfig.prompts: prompts of different lengths are left-padded, and only the "
+                              "built-in GPT masks padding; give your own model prompts of the same length")
+
+    def _validate_lengths(self) -> None:
+        context = self.context_length()
+        if context is None:
+            return
+        longest = max(len(p) for p in self.prompt_ids())
+        if longest + self.max_new_tokens > context:
+            raise ConfigError(f"GenerateConfig.max_new_tokens: the longest prompt ({longest} tokens) plus "
+                              f"max_new_tokens ({self.max_new_tokens}) is {longest + self.max_new_tokens}, beyond "
+                              f"the model's context of {context} positions: at most {context - longest} new tokens")
+        if self.quality and self.quality_seq_len > context:
+            raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond the model's "
+                              f"context of {context} positions")
+
+    # -- what the config says, concretely -----------------------------------------------------------
+    @property
+    def custom_model(self) -> bool:
+        return not isinstance(self.model, str) and not _is_builtin_gpt(self.model)
+
+    def context_length(self) -> int | None:
+        """Positions the model holds (None for your own model: its limits are its own)."""
+        from ..models.pretrained import pretrained_info
+
+        if isinstance(self.model, str):
+            return pretrained_info(self.model)["config"]["block_size"] if self.model in PRETRAINED_NAMES \
+                else PRESETS[self.model].block_size
+        return self.model.config.block_size if _is_builtin_gpt(self.model) else None
+
+    def get_tokenizer(self):
+        return self.tokenizer if self.tokenizer is not None else corpus_tokenizer()
+
+    def prompt_ids(self) -> list[list[int]]:
+        tok = self.get_tokenizer() if any(isinstance(p, str) for p in self.prompts) else None
+        out = []
+        for i, p in enumerate(self.prompts):
+            if isinstance(p, str):
+                try:
+                    out.append(list(tok.encode(p)))
+                except (KeyError, ValueError) as exc:
+                    raise ConfigError(f"GenerateConfig.prompts[{i}]: the tokenizer does not know {exc}; the shipped "
+                                      f"model reads the characters of Tiny Shakespeare") from None
+            else:
+                out.append(list(p))
+        return out
+
+    def describe(self) -> str:
+        if not self.toggles:
+            return "baseline"
+        return " + ".join(n if v is True or v == "default" else f"{n}={v}" for n, v in self.toggles.items())
+
+    def resolve(self, hw=None) -> GenerateConfig:
+        """A copy with the label made concrete."""
+        return dataclasses.replace(self, toggles=dict(self.toggles), label=self.label or self.describe())
+
+    def check_available(self, hw) -> None:
+        """Raise ToggleUnavailable for the first toggle (or mode) this machine cannot run, with the reason."""
+        for name, value in self.toggles.items():
+            toggle = TOGGLES[name]
+            ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+            if not ok:
+                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("model", "tokenizer") and value is not None and not isinstance(value, str):
+                value = getattr(value, "__qualname__", type(value).__qualname__)
+            out[f.name] = dict(value) if f.name == "toggles" else value
+        return out
+
+
+INT_RANGES = {
+    "max_new_tokens": (1, 10**6),
+    "seed": (0, 2**63 - 1),
+    "warmup_tokens": (0, 10**6),
+    "quality_windows": (1, 10**5),
+    "quality_seq_len": (2, 2**20),
+}
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise ConfigError(f"GenerateConfig.{name} must be an integer from {low} to {high:,}, got {value!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_tokenizer():
+    """The shipped corpus' character tokenizer (the shipped model's), made once."""
+    return CharTokenizer(corpus_text())
+
+
+def _is_builtin_gpt(model) -> bool:
+    from ..models.gpt import GPT
+
+    return isinstance(model, GPT)
+
+
+class _renamed:
+    """Re-raise a RunConfig error about a field GenerateConfig shares as GenerateConfig's."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, ConfigError) and "RunConfig." in str(exc):
+            raise type(exc)(str(exc).replace("RunConfig.", "GenerateConfig.")) from None
+        return False
+
+
+def _generate_toggles(toggles: Any) -> dict[str, Any]:
+    """Names or {name: value} → {name: validated value} in application order; training-only ones refused."""
+    if isinstance(toggles, str):
+        toggles = [toggles]
+    names = list(toggles) if isinstance(toggles, (Mapping, list, tuple, set, frozenset)) else []
+    for name in names:
+        if isinstance(name, str) and name in TOGGLES and "generate" not in TOGGLES[name].loops:
+            raise ConfigError(f"GenerateConfig.toggles: {name!r} applies to training, not to generation; "
+                              f"generation toggles: {', '.join(GENERATE_TOGGLES)}")
+    with _renamed():
+        chosen = _normalise_toggles(toggles)
+    for a, b, why in EXCLUSIVE:
+        if a in chosen and b in chosen:
+            raise ConfigError(f"GenerateConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
+    for a, b, why in REQUIRES:
+        if a in chosen and b not in chosen:
+            raise ConfigError(f"GenerateConfig.toggles: {a!r} needs {b!r} on too: {why}")
+    return chosen

@@ -1,0 +1,224 @@
+"""The measured generation: build fresh with the inference toggles, warm up, measure, probe memory, quality.
+
+Read `generate` top to bottom.  The warm-up (a short generation with the same prompts and cache size)
+is not measured: compilation happens there, and its extra time is reported apart as `compile_s`.  The
+measured generation times the prefill, the first token and every decode step on the device.  On a CPU
+the peak memory comes from counting live tensor bytes over one more, unmeasured generation (eagerly, as
+the training engine probes a compiled model); on a GPU from the allocator over the measured one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import time
+
+import torch
+
+from .. import hardware
+from ..engine import plain_error
+from ..measure import memory
+from ..measure.timing import Spread
+from ..toggles import BuildContext
+from .build import build_generation
+from .config import GenerateConfig
+from .loop import GREEDY, Decoded, Sampling, decode, pad_prompts
+from .quality import measure_quality, same_prefix
+from .results import GenerateResult, TokenRecord, p90
+from .weights import _module_tensors, weight_bytes
+
+
+def generate(config: GenerateConfig | None = None, *, on_token=None, on_status=None, stop=None, hw=None,
+             catch_errors: bool = False, **fields) -> GenerateResult:
+    """Generate from `config` (or GenerateConfig(**fields)), measured; the result holds the text and figures.
+
+    on_token receives a TokenRecord per new token (the measured generation's: streaming reads each token
+    back, a device sync per step); on_status short progress messages; `stop` (a threading.Event) ends the
+    generation before its next token, keeping what it made.  With catch_errors, a failure comes back as a
+    result with status "failed" and the error in plain words.
+    """
+    if config is None:
+        config = GenerateConfig(**fields)
+    elif fields:
+        config = dataclasses.replace(config, **fields)
+    hw = hw or hardware.detect(config.device)
+    cfg = config.resolve(hw)
+    cfg.check_available(hw)
+    status = on_status or (lambda message: None)
+    result = GenerateResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
+                            torch_version=torch.__version__)
+    try:
+        with contextlib.ExitStack() as stack:
+            _build_and_measure(cfg, hw, stack, result, on_token, stop, status)
+    except Exception as exc:
+        if not catch_errors:
+            raise
+        result.status, result.error = "failed", plain_error(exc)
+    finally:
+        gc.collect()
+        if hw.device_type == "cuda":
+            torch.cuda.empty_cache()
+    status(f"{cfg.label}: {result.status}")
+    return result
+
+
+def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, on_token, stop, status) -> None:
+    t = time.perf_counter()
+    status(f"building {cfg.label}")
+    ctx = build_generation(cfg, hw, stack)
+    result.build_s = time.perf_counter() - t
+    result.notes.extend(ctx.notes)
+    result.weight_bytes, result.weight_bytes_before = weight_bytes(ctx.base_model), ctx.built_weight_bytes
+    prompts = cfg.prompt_ids()
+    ids, pad = pad_prompts(prompts, ctx.device)
+    result.batch_size, result.prompt_tokens = len(prompts), [len(p) for p in prompts]
+    max_len = ids.shape[1] + cfg.max_new_tokens
+    graphs0 = _graphs_compiled()
+    warm = _warm_up(ctx, cfg, result, ids, pad, max_len, stop, status)
+    if warm is not None and warm.stopped:
+        return
+    graphs1 = _graphs_compiled()
+    status(f"generating {cfg.max_new_tokens} tokens × {len(prompts)} prompt(s)")
+    memory.cuda_memory_reset(ctx.device)
+    text_prompts = any(isinstance(p, str) for p in cfg.prompts)
+    tokenizer = cfg.get_tokenizer() if cfg.tokenizer is not None or text_prompts else None
+    done = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), _streamer(on_token, tokenizer),
+                  stop)
+    _record(ctx, result, done, prompts, tokenizer)
+    if ctx.compiled:
+        result.graphs_compiled = _graphs_compiled() - graphs0
+        result.recompiles_measured = _graphs_compiled() - graphs1
+        if warm is not None:
+            result.compile_s = max(0.0, warm.total_s - _steady_s(warm, result))
+    if result.status == "ok":
+        try:
+            _memory(ctx, cfg, result, ids, pad, max_len, stop, status)
+            _quality(ctx, cfg, result, ids, pad, done, max_len, status)
+        except KeyboardInterrupt:  # Ctrl-C or Stop after the generation: its figures are kept
+            result.status = "stopped"
+            result.notes.append("stopped after the generation, while measuring memory or quality: the "
+                                "generation's figures are kept, the rest is not measured")
+
+
+def _warm_up(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, max_len, stop, status):
+    """The unmeasured generation first (compilation happens here); None when there is none."""
+    if not cfg.warmup_tokens:
+        return None
+    status(f"warm-up: {min(cfg.warmup_tokens, cfg.max_new_tokens)} tokens"
+           + (" (compiling: this can take a while)" if ctx.compiled else ""))
+    warm = decode(ctx, ids, pad, min(cfg.warmup_tokens, cfg.max_new_tokens), max_len, _sampling(cfg, ctx), stop=stop)
+    result.warmup_s = warm.total_s
+    if warm.stopped:
+        result.status = "stopped"
+        result.notes.append("stopped during the warm-up: nothing was measured")
+    return warm
+
+
+def _sampling(cfg: GenerateConfig, ctx: BuildContext) -> Sampling:
+    """Greedy, or sampling from a generator seeded afresh for each generation (the same draws every time)."""
+    if cfg.temperature == 0:
+        return GREEDY
+    return Sampling(cfg.temperature, cfg.top_k, torch.Generator(device=ctx.device).manual_seed(cfg.seed))
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _steady_s(warm: Decoded, result: GenerateResult) -> float:
+    """What the warm-up would have taken at the measured pace: prefill plus its steps at the median step."""
+    median = result.decode_ms.median if result.decode_ms and result.decode_ms.n else 0.0
+    return (result.ttft_ms + median * len(warm.step_ms)) / 1e3
+
+
+def _streamer(on_token, tokenizer):
+    if on_token is None:
+        return None
+
+    def emit(index: int, position: int, ms: float, ids: list[int]) -> None:
+        texts = [_decoded(tokenizer, [i]) or f"<{i}>" for i in ids]
+        on_token(TokenRecord(index=index, position=position, ms=ms, token_ids=ids, texts=texts))
+
+    return emit
+
+
+def _record(ctx: BuildContext, result: GenerateResult, done: Decoded, prompts, tokenizer) -> None:
+    """The measured generation's figures and text into the result."""
+    batch = len(prompts)
+    result.status = "stopped" if done.stopped else "ok"
+    if done.stopped:
+        result.notes.append("stopped: the tokens generated so far are kept")
+    result.prefill_ms, result.ttft_ms, result.total_s = done.prefill_ms, done.ttft_ms, done.total_s
+    result.token_ms = list(done.step_ms)
+    result.decode_ms = Spread.of(result.token_ms)
+    result.decode_ms_p90 = p90(result.token_ms)
+    if result.token_ms:
+        result.decode_tokens_per_s = batch / (result.decode_ms.median / 1e3)
+        result.decode_tokens_per_s_wall = batch * len(result.token_ms) / (sum(result.token_ms) / 1e3)
+    result.new_tokens = done.tokens.shape[1]
+    result.token_ids = done.tokens.tolist()
+    texts = [_decoded(tokenizer, list(p) + ids) for p, ids in zip(prompts, result.token_ids, strict=True)]
+    if all(t is not None for t in texts):
+        result.texts = texts
+    elif tokenizer is not None:
+        result.notes.append("the text is not decoded: the model made token ids the tokenizer does not have "
+                            "(token_ids holds them)")
+    result.kv_cache_bytes = done.cache_bytes
+
+
+def _decoded(tokenizer, ids: list[int]) -> str | None:
+    """The text of `ids`, or None when there is no tokenizer or it has no such ids (a 50257-token model
+    generating from a character tokenizer's prompt)."""
+    if tokenizer is None:
+        return None
+    try:
+        return tokenizer.decode(ids)
+    except (IndexError, KeyError, ValueError):
+        return None
+
+
+def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, max_len, stop, status) -> None:
+    if ctx.device.type == "cuda":
+        result.peak_mem_bytes = memory.cuda_peak(ctx.device)[0]
+        result.mem_source = "CUDA allocator: max_memory_allocated over the measured generation"
+        return
+    if not cfg.measure_memory:
+        return
+    status("counting live tensor memory over one more generation")
+    weights = [t for module in ctx.base_model.modules() for t in _module_tensors(module)]
+    tracker = memory.LiveTensorBytes(weights)
+    with tracker:  # a dispatch mode cannot see inside compiled kernels: the eager model runs here
+        probe = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
+                       model=ctx.base_model)
+    if probe.stopped:
+        raise KeyboardInterrupt  # the probe did not see the whole generation: its peak would be too low
+    result.peak_mem_bytes = tracker.peak_bytes
+    result.mem_source = "live tensor bytes over one more generation (CPU has no allocator statistics)"
+    if ctx.compiled:
+        result.mem_source += "; compiled runs are probed eagerly"
+
+
+def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids, pad, done: Decoded,
+             max_len: int, status) -> None:
+    if not cfg.quality:
+        return
+    if ctx.gpt_config is None:
+        result.notes.append("quality not measured: perplexity and agreement are measured for the built-in GPT")
+        return
+    status("measuring quality: held-out perplexity and agreement with the model as built")
+    q = measure_quality(ctx, min(cfg.quality_seq_len, ctx.gpt_config.block_size), cfg.quality_windows)
+    result.heldout_loss, result.perplexity = q["heldout_loss"], q["perplexity"]
+    result.reference_perplexity, result.agreement = q["reference_perplexity"], q["agreement"]
+    if cfg.temperature == 0 and (ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None):
+        reference = _reference_generation(ctx, ids, pad, done.tokens.shape[1], max_len)
+        result.same_prefix_tokens = same_prefix(done.tokens, reference)
+
+
+def _reference_generation(ctx: BuildContext, ids, pad, new_tokens: int, max_len: int) -> torch.Tensor:
+    """Greedy tokens of the reference (fp32, unquantized, dynamic KV cache, no_grad, eager)."""
+    ref = BuildContext(config=ctx.config, hw=ctx.hw, device=ctx.device, stack=ctx.stack, gpt_config=ctx.gpt_config,
+                       base_model=ctx.reference_model, model=ctx.reference_model, kv_cache="dynamic")
+    return decode(ref, ids, pad, new_tokens, max_len).tokens

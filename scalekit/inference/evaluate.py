@@ -1,0 +1,126 @@
+"""Inference in the training loop: evaluate every N steps, under the inference toggles, and count its cost.
+
+`RunConfig(eval_every=N)` makes the engine call `Evaluator.maybe_run` between measured steps, outside their
+timing but inside the run's wall time: each evaluation reads the held-out loss over the same fixed batches
+(the validation split of the shipped corpus; for your own model, batches your batch_fn made once at the
+start) and, with `eval_new_tokens`, writes a short greedy sample with the decode loop.  Both run under the
+grad mode and KV cache the generation toggles chose (inference_mode, kv_cache) and the run's autocast.
+The result keeps every evaluation and the share of the wall time they took.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import islice
+
+import numpy as np
+import torch
+
+from ..data import load_tokens, synthetic_batches
+from ..errors import ConfigError
+from ..models.presets import PRESETS
+from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
+from .config import corpus_tokenizer
+from .loop import decode, step_contexts
+
+SAMPLE_PROMPT_TOKENS = 8  # the sample continues the first characters of the held-out text
+
+
+def heldout_batches(cfg, device) -> list:
+    """The evaluation's fixed batches: consecutive validation windows of the run's shape."""
+    if cfg.custom_model:
+        return [cfg.batch_fn(cfg.batch_size, device) for _ in range(cfg.eval_batches)]
+    if cfg.data == "synthetic":
+        batches = synthetic_batches(PRESETS[cfg.preset].vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed + 1, device)
+        return list(islice(batches, cfg.eval_batches))
+    tokens = np.asarray(load_tokens("val"))
+    T, B = cfg.seq_len, cfg.batch_size
+    fit = (len(tokens) - 1) // T
+    if fit < B:
+        raise ConfigError(f"RunConfig.eval_every: the held-out split holds {fit} windows of seq_len={T}, fewer than "
+                          f"one batch of {B}")
+    out = []
+    for b in range(min(cfg.eval_batches, fit // B)):
+        rows = [torch.from_numpy(tokens[(b * B + r) * T:(b * B + r) * T + T + 1].astype(np.int64)) for r in range(B)]
+        xy = torch.stack(rows).to(device)
+        out.append((xy[:, :-1], xy[:, 1:]))
+    return out
+
+
+class Evaluator:
+    """Held-out loss (and a short sample) every `eval_every` measured steps, timed apart from the steps."""
+
+    def __init__(self, ctx: BuildContext):
+        cfg = ctx.config
+        self.ctx = ctx
+        self.every, self.warmup = cfg.eval_every, cfg.warmup_steps
+        self.batches = heldout_batches(cfg, ctx.device)
+        self.prompt = None
+        if cfg.eval_new_tokens:
+            self.prompt = self._sample_prompt(ctx, cfg)
+
+    @staticmethod
+    def _sample_prompt(ctx: BuildContext, cfg) -> torch.Tensor:
+        if cfg.custom_model or cfg.data != "shakespeare":
+            raise ConfigError("RunConfig.eval_new_tokens: a sample during training is written by the built-in GPT "
+                              "on the shipped corpus (data='shakespeare'); set it to 0 for this run")
+        if ctx.world_size > 1:
+            raise ConfigError("RunConfig.eval_new_tokens: the sample is written in one process; with ranks, set it "
+                              "to 0 (the held-out loss is still measured)")
+        if SAMPLE_PROMPT_TOKENS + cfg.eval_new_tokens > ctx.gpt_config.block_size:
+            raise ConfigError(f"RunConfig.eval_new_tokens must be at most "
+                              f"{ctx.gpt_config.block_size - SAMPLE_PROMPT_TOKENS} for this model's context")
+        ids = np.asarray(load_tokens("val")[:SAMPLE_PROMPT_TOKENS]).astype(np.int64)
+        return torch.from_numpy(ids)[None].to(ctx.device)
+
+    def maybe_run(self, step: int, result) -> None:
+        """Evaluate after measured step `step` when it is an evaluation step; record it in `result`."""
+        measured = step - self.warmup + 1
+        if measured < 1 or measured % self.every:
+            return
+        t = time.perf_counter()
+        record = {"step": step, "loss": self.loss()}
+        if self.prompt is not None:
+            record.update(self.sample())
+        record["eval_ms"] = (time.perf_counter() - t) * 1e3
+        result.evals.append(record)
+        result.eval_s = (result.eval_s or 0.0) + record["eval_ms"] / 1e3
+
+    def loss(self) -> float:
+        ctx = self.ctx
+        model = ctx.model
+        was_training = model.training
+        model.eval()
+        try:
+            with step_contexts(ctx):
+                losses = [ctx.loss_fn(model, batch).detach().float() for batch in self.batches]
+            return torch.stack(losses).mean().item()
+        finally:
+            model.train(was_training)
+
+    def sample(self) -> dict:
+        """A short greedy continuation of the held-out text's first characters, with the decode loop."""
+        ctx = self.ctx
+        n = ctx.config.eval_new_tokens
+        model = ctx.base_model
+        was_training = model.training
+        model.eval()
+        try:
+            done = decode(ctx, self.prompt, None, n, self.prompt.shape[1] + n, model=model)
+        finally:
+            model.train(was_training)
+        text = corpus_tokenizer().decode(done.tokens[0].tolist())
+        steps = len(done.step_ms)
+        return {"text": text, "sample_tokens_per_s": steps / (sum(done.step_ms) / 1e3) if steps else None}
+
+
+def build_evaluator(ctx: BuildContext) -> None:
+    """After the training build: the evaluation's own toggles (those that apply to generation only, such as
+    inference_mode and kv_cache) walked through the same phases with loop="generate", then the evaluator."""
+    cfg = ctx.config
+    if not cfg.eval_every:
+        return
+    only_generate = {n: v for n, v in cfg.toggles.items() if "train" not in TOGGLES[n].loops}
+    for phase in PHASES:
+        apply_toggles(ctx, phase, only_generate, loop="generate")
+    ctx.evaluator = Evaluator(ctx)

@@ -1,0 +1,100 @@
+"""The inference ladder: a baseline generation, then the inference optimizations switched on one by one.
+
+baseline (no_grad, no cache) → inference_mode → KV cache → static cache + compile → bf16 → int8 → 4-bit.
+Each rung keeps the ones below it; the 4-bit rung replaces int8 (one quantization at a time).  Which int8
+and 4-bit method: the first of each preference list that runs here (torchao's weight-only int8 for the
+gpt-fast route, then bitsandbytes; HQQ's 4-bit, which packs two values per byte on any device, then
+bitsandbytes nf4).  A rung this machine cannot run is kept as skipped with the reason; a rung that fails
+is left out of the rungs above it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import RunConfig
+from ..hardware import detect
+from ..toggles import TOGGLES
+from .config import GenerateConfig
+from .engine import generate
+from .results import GenerateResult
+
+INT8_METHODS = ("torchao-int8", "bnb-int8", "hqq-8bit", "torch-dynamic-int8")
+INT4_METHODS = ("hqq-4bit", "bnb-nf4", "torchao-int4")
+
+# (label, the toggles this rung sets; None marks "the first quantization method of this list that runs here")
+INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (
+    ("+ inference_mode", {"inference_mode": True}),
+    ("+ kv_cache", {"kv_cache": "dynamic"}),
+    ("+ static cache + compile", {"kv_cache": "static", "compile": "default"}),
+    ("+ bf16", {"bf16": True}),
+    ("+ int8", {"quantize": INT8_METHODS}),
+    ("+ 4-bit", {"quantize": INT4_METHODS}),
+)
+
+
+def first_available(methods: tuple[str, ...], hw) -> tuple[str | None, str]:
+    """The first quantization method of `methods` that runs here, or (None, why none does)."""
+    reasons = []
+    for method in methods:
+        ok, why = TOGGLES["quantize"].choice_available(hw, method)
+        if ok:
+            return method, ""
+        reasons.append(why)
+    return None, "; ".join(reasons)
+
+
+def as_generate_config(base: GenerateConfig | RunConfig | None, hw) -> GenerateConfig:
+    """The ladder's generation: a GenerateConfig as given, or one made from a RunConfig (`scalekit ladder
+    inference`): its preset (auto: the shipped model), device, seed and batch size (copies of the prompt)."""
+    if isinstance(base, GenerateConfig):
+        return base
+    if base is None:
+        return GenerateConfig()
+    model = "shakespeare-char" if base.preset == "auto" else base.preset
+    return GenerateConfig(model=model, device=base.device, seed=base.seed, prompts=["ROMEO:"] * (base.batch_size or 1))
+
+
+def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFERENCE_LADDER, on_status=None,
+                     on_result=None, stop=None) -> list[GenerateResult]:
+    base_cfg = as_generate_config(base, None)
+    hw = detect(base_cfg.device)
+    on: dict = dict(base_cfg.toggles)
+    results: list[GenerateResult] = []
+
+    def keep(result: GenerateResult) -> None:
+        results.append(result)
+        if on_result:
+            on_result(result)
+
+    keep(generate(dataclasses.replace(base_cfg, toggles=dict(on), label="baseline"), on_status=on_status,
+                  stop=stop, hw=hw, catch_errors=True))
+    for label, change in rungs:
+        if stop is not None and stop.is_set() or results[-1].status == "stopped":
+            break
+        toggles, why = _rung_toggles(change, hw)
+        if why:
+            keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name))
+            continue
+        cfg = dataclasses.replace(base_cfg, toggles={**on, **toggles}, label=label)
+        result = generate(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
+        if result.status not in ("failed",):
+            on.update(toggles)  # climbed: the rungs above keep it
+        keep(result)
+    return results
+
+
+def _rung_toggles(change: dict, hw) -> tuple[dict, str]:
+    """The concrete toggles of a rung, or ({}, why this machine cannot run it)."""
+    toggles = {}
+    for name, value in change.items():
+        if isinstance(value, tuple):
+            value, why = first_available(value, hw)
+            if value is None:
+                return {}, why
+        toggle = TOGGLES[name]
+        ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+        if not ok:
+            return {}, why
+        toggles[name] = value
+    return toggles, ""

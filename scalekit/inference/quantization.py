@@ -1,0 +1,191 @@
+"""Quantization methods for the `quantize` toggle: one function per library, each swapping a model's linear
+layers for quantized ones in place.
+
+What is quantized: the `nn.Linear` layers of the model's repeated blocks (`models.blocks.find_blocks`: for
+the built-in GPT, c_attn, c_proj, c_fc and the MLP's c_proj of every block).  The token embedding, which the
+built-in GPT ties to its output head, and the position table stay in full precision, as transformers'
+bitsandbytes integration keeps `lm_head`: the embedding is read by row lookups, not matmuls, and untying
+it to quantize the head would add a second copy of it.  Each library is imported only when its method is
+chosen, so scalekit imports without any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import logging
+import os
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from ..models.blocks import find_blocks
+
+# method -> (library it needs, what it does, in a line)
+METHODS: dict[str, tuple[str, str]] = {
+    "torchao-int8": ("torchao", "torchao int8 weight-only: int8 weights with a scale per output channel; "
+                                "activations stay in float"),
+    "torchao-int8-dynamic": ("torchao", "torchao int8 dynamic: int8 weights, activations quantized per token "
+                                        "at run time, int8 matmuls"),
+    "torchao-int4": ("torchao", "torchao int4 weight-only (IntxWeightOnly): int4 values in groups of 32 with "
+                                "a scale each; on CPU stored unpacked, one int8 byte per value"),
+    "bnb-int8": ("bitsandbytes", "bitsandbytes LLM.int8() (Linear8bitLt): int8 weights and activations, "
+                                 "outlier features (|x| > 6) kept in float"),
+    "bnb-nf4": ("bitsandbytes", "bitsandbytes 4-bit NormalFloat (Linear4bit): blocks of 64, their absmax "
+                                "quantized again (QLoRA's format)"),
+    "bnb-fp4": ("bitsandbytes", "bitsandbytes 4-bit float (Linear4bit, fp4): blocks of 64, absmax quantized "
+                                "again"),
+    "hqq-8bit": ("hqq", "HQQ 8-bit: scale and zero point per group of 64 fitted by half-quadratic "
+                        "optimization, no calibration data"),
+    "hqq-4bit": ("hqq", "HQQ 4-bit: scale and zero point per group of 64 fitted without calibration data"),
+    "hqq-2bit": ("hqq", "HQQ 2-bit: scale and zero point per group of 64 fitted without calibration data"),
+    "torch-dynamic-int8": ("torch", "torch.ao quantize_dynamic: int8 weights (one scale per tensor), "
+                                    "activations quantized per batch, fbgemm int8 matmuls (CPU)"),
+    "gptq": ("gptqmodel", "GPTQ: weights rounded column by column, the error compensated with second-order "
+                          "information from calibration data"),
+    "awq": ("gptqmodel", "AWQ: channels that see large activations scaled up before rounding, found with "
+                         "calibration data"),
+}
+CALIBRATED = ("gptq", "awq")
+
+
+def method_available(method: str, device_type: str) -> tuple[bool, str]:
+    """Whether `method` can run on a `device_type` machine here, and why not."""
+    library = METHODS[method][0]
+    if method in CALIBRATED:
+        if device_type != "cuda":
+            return False, (f"{method.upper()} runs on CUDA GPUs only: its maintained library (gptqmodel) needs "
+                           f"torch >= 2.14.1 and GPU kernels, and AutoAWQ/auto-gptq no longer import with "
+                           f"current transformers")
+        return False, (f"{method.upper()} needs calibration data and gptqmodel, which quantizes Hugging Face "
+                       f"checkpoints; scalekit does not wire it to the built-in GPT yet")
+    if method == "torch-dynamic-int8":
+        if device_type != "cpu":
+            return False, "torch's dynamic int8 Linear runs on CPUs only (fbgemm/x86 kernels)"
+        if not torch.backends.quantized.supported_engines or \
+                set(torch.backends.quantized.supported_engines) <= {"none"}:
+            return False, "this torch build has no quantized CPU engine (fbgemm, x86 or qnnpack)"
+        return True, ""
+    if not _installed(library):
+        return False, f"quantize={method!r} needs {library}, which is not installed (pip install {library})"
+    return True, ""
+
+
+def _installed(library: str) -> bool:
+    try:
+        return importlib.util.find_spec(library) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules (blocked), or a broken install
+        return False
+
+
+def quiet_import(module: str, device_type: str = "cpu"):
+    """Import a quantization library without the messages it prints about optional kernels it cannot load."""
+    if module.startswith("torchao") and device_type == "cpu":
+        # its GPU extensions (.so) cannot load on a CPU machine and say so at import: skip them there
+        os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    pytree_log = logging.getLogger("torch.utils._pytree")  # torchao registers an enum torch warns about
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module(module)
+    finally:
+        pytree_log.setLevel(level)
+
+
+def target_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, attribute, layer) for every nn.Linear to quantize: those inside the repeated blocks, or, in
+    a model without blocks, every nn.Linear whose weight is not shared with an embedding."""
+    blocks = find_blocks(model)
+    root = blocks if blocks is not None else model
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    found = []
+    for parent in root.modules():
+        for attr, child in parent.named_children():
+            if type(child) is torch.nn.Linear and id(child.weight) not in embedded:
+                found.append((parent, attr, child))
+    return found
+
+
+def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> int:
+    """Replace each target linear by make(linear); the number replaced."""
+    targets = target_linears(model)
+    for parent, attr, linear in targets:
+        setattr(parent, attr, make(linear))
+    return len(targets)
+
+
+def bnb_int8(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
+    bnb = quiet_import("bitsandbytes")
+    device = linear.weight.device
+    layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                has_fp16_weights=False, threshold=6.0, device="meta")
+    layer.weight = bnb.nn.Int8Params(linear.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    if linear.bias is not None:
+        layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
+    return layer.to(device)  # moving it quantizes the weight: int8 rows and one fp32 scale per row (SCB)
+
+
+def bnb_4bit(linear: torch.nn.Linear, compute_dtype: torch.dtype, quant_type: str) -> torch.nn.Module:
+    bnb = quiet_import("bitsandbytes")
+    device = linear.weight.device
+    layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              compute_dtype=compute_dtype, quant_type=quant_type, device="meta")
+    layer.weight = bnb.nn.Params4bit(linear.weight.data.clone(), requires_grad=False, quant_type=quant_type,
+                                     blocksize=64, compress_statistics=True)
+    if linear.bias is not None:
+        layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
+    return layer.to(device)  # moving it quantizes: two 4-bit values per byte, a quantized absmax per 64
+
+
+def hqq_linear(linear: torch.nn.Linear, compute_dtype: torch.dtype, nbits: int) -> torch.nn.Module:
+    hqq = quiet_import("hqq.core.quantize")
+    config = hqq.BaseQuantizeConfig(nbits=nbits, group_size=64)
+    return hqq.HQQLinear(copy.deepcopy(linear), quant_config=config, compute_dtype=compute_dtype,
+                         device=str(linear.weight.device), del_orig=True)
+
+
+TORCHAO_CONFIGS = {  # method -> a function of the torchao.quantization module giving its config
+    "torchao-int8": lambda q: q.Int8WeightOnlyConfig(),
+    "torchao-int8-dynamic": lambda q: q.Int8DynamicActivationInt8WeightConfig(),
+    "torchao-int4": lambda q: q.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=q.PerGroup(32)),
+}
+
+
+def torchao_quantize(model: torch.nn.Module, method: str, device_type: str) -> int:
+    """torchao's quantize_ on the target linears only (its filter sees every module; it takes ours)."""
+    q = quiet_import("torchao.quantization", device_type)
+    targets = {id(linear) for _, _, linear in target_linears(model)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q.quantize_(model, TORCHAO_CONFIGS[method](q), filter_fn=lambda module, fqn: id(module) in targets)
+    return len(targets)
+
+
+def torch_dynamic_int8(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
+    with warnings.catch_warnings():  # torch.ao.quantization says it is deprecated, at every call
+        warnings.simplefilter("ignore")
+        wrapped = torch.nn.Sequential(linear)
+        quantized = torch.ao.quantization.quantize_dynamic(wrapped, {torch.nn.Linear}, dtype=torch.qint8)
+    return quantized[0]
+
+
+def quantize_model(model: torch.nn.Module, method: str, compute_dtype: torch.dtype, device_type: str) -> int:
+    """Quantize `model`'s target linears in place with `method`; the number of layers quantized."""
+    if method.startswith("torchao-"):
+        return torchao_quantize(model, method, device_type)
+    makers = {
+        "bnb-int8": lambda lin: bnb_int8(lin, compute_dtype),
+        "bnb-nf4": lambda lin: bnb_4bit(lin, compute_dtype, "nf4"),
+        "bnb-fp4": lambda lin: bnb_4bit(lin, compute_dtype, "fp4"),
+        "hqq-8bit": lambda lin: hqq_linear(lin, compute_dtype, 8),
+        "hqq-4bit": lambda lin: hqq_linear(lin, compute_dtype, 4),
+        "hqq-2bit": lambda lin: hqq_linear(lin, compute_dtype, 2),
+        "torch-dynamic-int8": lambda lin: torch_dynamic_int8(lin, compute_dtype),
+    }
+    return swap_linears(model, makers[method])

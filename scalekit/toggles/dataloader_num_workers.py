@@ -1,0 +1,54 @@
+"""dataloader_num_workers: build batches in worker processes, ahead of the step that needs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from .base import BuildContext
+from .counted import CountToggle
+
+PREFETCH_FACTOR = 2  # batches each worker prepares ahead (torch's default): 2 × workers batches in flight
+BATCH_TIMEOUT_S = 600  # a batch that takes longer than this means a worker is stuck: the run fails, it does not hang
+
+
+def init_worker(worker_id: int) -> None:
+    """Runs first in each worker process."""
+    # GNU OpenMP cannot run a parallel region in a child forked after the parent ran one: the child waits
+    # for threads the fork did not copy.  On one thread there is no parallel region (torch's worker loop
+    # sets this too; it is said again here, where it matters)
+    torch.set_num_threads(1)
+    # Ctrl-C goes to the whole process group: the run (the main process) stops and then ends its workers;
+    # a worker that died of it first would turn a clean stop into "worker exited unexpectedly"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class DataloaderNumWorkers(CountToggle):
+    name = "dataloader_num_workers"
+    summary = "build batches in N worker processes (DataLoader num_workers), ahead of the step that needs them"
+    cost = "N processes and cores; batches cross to the training process through shared memory; a second to start"
+    helps_when = "making a batch (reading, decoding, transforming) is a share of each step and cores are free"
+    group = "data"
+    phase = "data"
+    gpt_only = True  # the built-in corpus's DataLoader (a user's batch_fn is called in the training process)
+    default = 2
+    choices = (1, 2, 4, 8)  # offered in the Lab and `scalekit toggles`; any count works
+    unit = "worker processes"
+
+    def apply(self, ctx: BuildContext, workers: int) -> None:
+        if ctx.config.data == "synthetic":
+            ctx.notes.append("dataloader_num_workers changes nothing for synthetic data: it is made on the device")
+            return
+        # the loader's sampler never ends, so the workers live for the whole run (what persistent_workers
+        # gives a loader that is iterated once per epoch) and end with it (the run closes its pipeline)
+        ctx.loader_kwargs.update(num_workers=workers, worker_init_fn=init_worker, prefetch_factor=PREFETCH_FACTOR,
+                                 timeout=BATCH_TIMEOUT_S)
+        threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+        if ctx.device.type == "cpu" and workers + threads > cores:
+            ctx.notes.append(f"{workers} data worker{'s' * (workers > 1)} and {threads} compute "
+                             f"thread{'s' * (threads > 1)} share {cores} core{'s' * (cores > 1)}")
+
+
+TOGGLE = DataloaderNumWorkers()

@@ -1,0 +1,36 @@
+"""dataloader_pin_memory: the DataLoader hands over batches in page-locked (pinned) host memory."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+
+def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
+    """Available on a CUDA device; on the CPU, unavailable with the reason."""
+    if hw.device_type == "cuda":
+        return True, ""
+    return False, (f"{what} is about copying batches from host memory to a CUDA GPU; this run is on the CPU, "
+                   f"where batches are not copied at all")
+
+
+class DataloaderPinMemory(Toggle):
+    name = "dataloader_pin_memory"
+    summary = "batches handed over in pinned (page-locked) host memory, so the copy to the GPU is a direct DMA"
+    cost = "pinning is one more copy per batch (in a thread), and pinned memory is taken from what the OS can page"
+    helps_when = "host-to-device copies are a share of the data wait; non_blocking copies need it to be asynchronous"
+    group = "data"
+    phase = "data"
+    gpt_only = True  # the built-in corpus's DataLoader
+
+    def available(self, hw) -> tuple[bool, str]:
+        return needs_a_gpu(hw, "pinned memory")
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        if ctx.config.data == "synthetic":
+            ctx.notes.append("dataloader_pin_memory changes nothing for synthetic data: it is made on the device")
+            return
+        # the DataLoader pins each batch in a thread of the training process, after the workers made it
+        ctx.loader_kwargs["pin_memory"] = True
+
+
+TOGGLE = DataloaderPinMemory()

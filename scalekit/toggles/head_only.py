@@ -1,0 +1,60 @@
+"""Head only: freeze the whole model and train a new output layer on top of it."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ToggleUnavailable
+from ..models.blocks import find_blocks
+from .base import BuildContext, Toggle
+
+
+def output_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
+    """The model's output layer: its `lm_head` (the built-in GPT, nanoGPT, Hugging Face causal LMs), else the
+    last nn.Linear outside its repeated blocks."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, torch.nn.Linear):
+        return "lm_head", head
+    blocks = find_blocks(model)
+    inside = {id(m) for b in (blocks or []) for m in b.modules()}
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
+    if not linears:
+        raise ToggleUnavailable("head_only needs an output layer: the model has no lm_head and no nn.Linear outside "
+                                "its repeated blocks")
+    return linears[-1]
+
+
+def new_head(old: torch.nn.Linear) -> torch.nn.Linear:
+    """A fresh nn.Linear of the same shape starting from the old weights, not shared with anything (the
+    built-in GPT ties lm_head to the token embedding, which stays frozen)."""
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=old.bias is not None,
+                           device=old.weight.device, dtype=old.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        if old.bias is not None:
+            head.bias.copy_(old.bias)
+    return head
+
+
+class HeadOnly(Toggle):
+    name = "head_only"
+    summary = "freeze the body, train a new output layer (a copy of the old one, untied from the embedding)"
+    cost = "only the last layer learns: the representation stays the pretrained one"
+    helps_when = "the new task is close to the old one and memory or time is tight: the smallest fine-tune"
+    group = "finetune"
+    kind = "memory"
+    phase = "wrap"
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        model = ctx.base_model
+        name, old = output_layer(model)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        head = new_head(old)
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, head)
+        ctx.notes.append(f"head_only: {name} trains ({sum(p.numel() for p in head.parameters()):,} parameters); "
+                         f"the rest is frozen")
+
+
+TOGGLE = HeadOnly()

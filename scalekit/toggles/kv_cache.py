@@ -1,0 +1,28 @@
+"""KV cache: keep every layer's keys and values, so each decode step runs the new token only."""
+
+from __future__ import annotations
+
+from ..models.kv_cache import CACHE_KINDS
+from .base import BuildContext, Toggle
+
+
+class KVCache(Toggle):
+    name = "kv_cache"
+    summary = "keep keys and values across decode steps: each new token is one token of work, not the whole prefix"
+    cost = "memory for 2 × layers × batch × length × width values; 'static' preallocates the longest length"
+    helps_when = "generating more than a few tokens: without it step t re-reads all t tokens (quadratic in total)"
+    group = "inference"
+    kind = "both"
+    # a "model_config" toggle: it decides how the built-in GPT's attention runs in generation, and the
+    # wrappers of the "wrap" phase after it (compile) read it
+    phase = "model_config"
+    loops = ("generate",)
+    choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)
+    gpt_only = True
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        # the decode loop makes a fresh cache of this kind for each generation (models/kv_cache.py)
+        ctx.kv_cache = value
+
+
+TOGGLE = KVCache()

@@ -1,0 +1,84 @@
+"""LoRA: freeze the model and train a low-rank update beside each targeted linear layer (peft)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import os
+import warnings
+
+from ..errors import ToggleUnavailable
+from ..models.blocks import block_linears
+from .base import BuildContext
+from .counted import CountToggle
+
+
+def import_peft():
+    # peft imports torchao when it is installed, whose compiled extensions print load messages on a CPU and
+    # whose enums make torch log deprecation notes: none of it concerns the user
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import peft
+    finally:
+        pytree_log.setLevel(level)
+    return peft
+
+
+def peft_available() -> tuple[bool, str]:
+    if importlib.util.find_spec("peft") is None:
+        return False, "LoRA and DoRA need peft, which is not installed (pip install peft)"
+    return True, ""
+
+
+def adapter_targets(ctx: BuildContext) -> list[str]:
+    """The linear layers the adapters go on: every nn.Linear inside the model's repeated blocks (one rule,
+    scalekit.models.blocks), or those named by RunConfig.adapter_targets."""
+    targets = block_linears(ctx.base_model, ctx.config.adapter_targets)
+    if not targets:
+        what = f"named {list(ctx.config.adapter_targets)}" if ctx.config.adapter_targets else "at all"
+        raise ToggleUnavailable(f"adapters need linear layers inside the model's repeated blocks, and there are "
+                                f"none {what}; RunConfig.adapter_targets names the layers to use")
+    return targets
+
+
+def add_adapters(ctx: BuildContext, rank: int, use_dora: bool) -> None:
+    """peft's LoRA (or DoRA) layers on the targets; everything else frozen."""
+    peft = import_peft()
+    targets = adapter_targets(ctx)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
+                             use_dora=use_dora, init_lora_weights=True)
+    # peft puts its layers into the model in place (ctx.base_model keeps them) and wraps it in a PeftModel
+    ctx.model = peft.get_peft_model(ctx.base_model, config)
+    kind = "DoRA" if use_dora else "LoRA"
+    ctx.notes.append(f"{kind} rank {rank} on {len(targets)} linear layers; "
+                     f"{sum(p.numel() for p in ctx.model.parameters() if p.requires_grad):,} trainable parameters")
+
+
+class LoRA(CountToggle):
+    name = "lora"
+    summary = "LoRA (peft): the model frozen, a rank-r update B·A trained beside each linear layer of the blocks"
+    cost = "an extra pair of thin matmuls per adapted layer; a low-rank update fits less than full fine-tuning"
+    helps_when = "fine-tuning: gradients and optimizer state only for r·(in+out) values per layer"
+    group = "finetune"
+    kind = "memory"
+    phase = "wrap"
+    default = 8
+    choices = (8, 4, 16, 64)  # offered in the Lab and `scalekit toggles`; any rank works
+    unit = "rank r of the update"
+
+    def available(self, hw) -> tuple[bool, str]:
+        return peft_available()
+
+    def apply(self, ctx: BuildContext, rank: int) -> None:
+        add_adapters(ctx, rank, use_dora=False)
+
+
+TOGGLE = LoRA()

@@ -1,0 +1,45 @@
+"""Quantize: store the linear layers' weights in 8, 4 or 2 bits (torchao, bitsandbytes, HQQ, torch.ao)."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, ToggleUnavailable
+from ..inference.quantization import METHODS, method_available, quantize_model
+from .base import BuildContext, Toggle
+
+
+class Quantize(Toggle):
+    name = "quantize"
+    summary = "weights in 8/4/2 bits: torchao int8/int4, bitsandbytes int8/nf4/fp4, HQQ, torch dynamic int8"
+    cost = "rounding error in every quantized matmul (perplexity rises, more at fewer bits); dequantizing costs time"
+    helps_when = "decoding is memory-bound (large models, batch 1): fewer weight bytes to read per token"
+    group = "inference"
+    kind = "both"
+    phase = "wrap"  # a module swap on the built model, before compile wraps it
+    loops = ("generate",)
+    choices = tuple(METHODS)  # the methods (inference/quantization.py): each library imported only when chosen
+    changes_weights = True
+
+    def available(self, hw) -> tuple[bool, str]:
+        reasons = [method_available(m, hw.device_type) for m in METHODS]
+        if any(ok for ok, _ in reasons):
+            return True, ""
+        return False, "no quantization method can run here: " + "; ".join(why for _, why in reasons)
+
+    def choice_available(self, hw, value) -> tuple[bool, str]:
+        return method_available(value, hw.device_type)
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        ok, why = self.choice_available(ctx.hw, value)
+        if not ok:
+            raise ToggleUnavailable(f"toggle 'quantize' is unavailable on this machine: {why}")
+        if value == "torch-dynamic-int8" and ctx.compute_dtype is not None:
+            raise ConfigError("toggles: quantize='torch-dynamic-int8' takes fp32 activations only (torch's dynamic "
+                              "int8 Linear); it cannot run under bf16 autocast: pick a torchao, bnb or hqq method")
+        compute_dtype = ctx.compute_dtype or next(ctx.base_model.parameters()).dtype
+        n = quantize_model(ctx.base_model, value, compute_dtype, ctx.device.type)
+        ctx.model = ctx.base_model
+        ctx.notes.append(f"quantize={value}: {n} linear layers of the blocks ({METHODS[value][1]}); "
+                         f"embeddings and the tied output head kept in {str(compute_dtype).removeprefix('torch.')}")
+
+
+TOGGLE = Quantize()

@@ -1,0 +1,76 @@
+"""A quantized frozen base under the adapters: QLoRA's 4-bit NormalFloat (or fp4, or int8), bitsandbytes."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import torch
+
+from .base import BuildContext, Toggle
+from .lora import adapter_targets
+from .optim import import_bitsandbytes
+
+MODES = ("nf4", "fp4", "int8")
+
+
+def quantized_linear(bnb, old: torch.nn.Linear, mode: str, compute_dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen bitsandbytes layer holding `old`'s weights in `mode` (quantized when moved to its device)."""
+    bias = old.bias is not None
+    if mode == "int8":
+        new = bnb.nn.Linear8bitLt(old.in_features, old.out_features, bias=bias, has_fp16_weights=False)
+        new.weight = bnb.nn.Int8Params(old.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    else:
+        new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=bias, compute_dtype=compute_dtype,
+                                quant_type=mode)
+        new.weight = bnb.nn.Params4bit(old.weight.data.clone(), requires_grad=False, quant_type=mode)
+        # bitsandbytes repacks a 4-bit weight for AVX512-BF16 inference the first time the layer runs in eval
+        # mode on such a CPU, after which training through it fails ("a view of a leaf Variable ... in-place"):
+        # a base being fine-tuned is evaluated between steps, so it keeps the training layout
+        new.support_avx512bf16_for_cpu = False
+    if bias:
+        new.bias = torch.nn.Parameter(old.bias.data.clone(), requires_grad=False)
+    return new.to(old.weight.device)
+
+
+def quantize_targets(ctx: BuildContext, mode: str) -> int:
+    """Swap every adapter target for its quantized layer; returns the fp32 bytes replaced."""
+    bnb = import_bitsandbytes()
+    model = ctx.base_model
+    replaced = 0
+    for name in adapter_targets(ctx):
+        old = model.get_submodule(name)
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr,
+                quantized_linear(bnb, old, mode, ctx.compute_dtype or torch.float32))
+        replaced += old.weight.numel() * old.weight.element_size()
+    # peft picks its bitsandbytes LoRA layers only for a model that says it is loaded quantized
+    model.is_loaded_in_4bit = mode != "int8"
+    model.is_loaded_in_8bit = mode == "int8"
+    return replaced
+
+
+class QuantizedBase(Toggle):
+    name = "quantized_base"
+    summary = "QLoRA: the frozen base's block linears in 4-bit NormalFloat (nf4), fp4 or int8 under LoRA/DoRA"
+    cost = "weights dequantized in every forward and backward (slower); quantization error in the frozen base"
+    helps_when = "the frozen weights are what does not fit: nf4 keeps ≈0.5 byte per weight instead of 4"
+    group = "finetune"
+    kind = "memory"
+    phase = "wrap"
+    choices = MODES
+
+    def available(self, hw) -> tuple[bool, str]:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            return False, "quantized_base needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+        return True, ""
+
+    def apply(self, ctx: BuildContext, mode: str) -> None:
+        # bitsandbytes' int8 matmul on a CPU warns at every call that it casts its inputs to fp16
+        ctx.stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
+        replaced = quantize_targets(ctx, mode)
+        ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
+
+
+TOGGLE = QuantizedBase()

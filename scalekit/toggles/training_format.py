@@ -1,0 +1,27 @@
+"""training_format: read token windows from the pre-tokenized memmap instead of tokenizing raw text per sample."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+
+class TrainingFormat(Toggle):
+    name = "training_format"
+    summary = "read the corpus pre-tokenized (a uint16 memmap on disk) instead of tokenizing raw text per sample"
+    cost = "a one-time preparation pass, and a file to rebuild whenever the corpus or the tokenizer changes"
+    helps_when = "reading, decoding and tokenizing raw text is part of every sample's cost (on every epoch)"
+    group = "data"
+    phase = "data"
+    gpt_only = True  # the built-in corpus's pipeline
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        if ctx.config.data != "shakespeare-raw":
+            ctx.notes.append(f"training_format changes nothing for data={ctx.config.data!r}: "
+                             f"{'it already reads the training format' if ctx.config.data == 'shakespeare' else 'no raw text is read'}")
+            return
+        # the same windows, in the same order: scalekit.data.raw.TokenFile reads them from
+        # scalekit.data.load_tokens() (built once, atomically, and checked against its checksum)
+        ctx.read_training_format = True
+
+
+TOGGLE = TrainingFormat()

@@ -1,0 +1,27 @@
+"""vectorized_transforms: apply the per-sample transform to the whole batch with tensor ops, not a Python loop."""
+
+from __future__ import annotations
+
+from .base import BuildContext, Toggle
+
+
+class VectorizedTransforms(Toggle):
+    name = "vectorized_transforms"
+    summary = "apply the per-sample transform (character noise) to the whole batch at once with tensor ops"
+    cost = "the transform must be written as tensor ops over a batch, and give the same result as the loop"
+    helps_when = "a per-sample Python transform (augmentation, masking, noise) is a share of the data wait"
+    group = "data"
+    phase = "data"
+    gpt_only = True  # the built-in corpus's pipeline
+
+    def apply(self, ctx: BuildContext, value) -> None:
+        if ctx.config.data != "shakespeare-raw" or not ctx.config.transform_rounds:
+            ctx.notes.append("vectorized_transforms changes nothing here: this data has no per-sample transform "
+                             "(data='shakespeare-raw' with transform_rounds > 0 has one)")
+            return
+        # the collate function (scalekit.data.raw.Collate) then calls noise_batch on the stacked batch,
+        # in the worker processes when there are workers; samples are no longer noised one by one
+        ctx.batch_transforms = True
+
+
+TOGGLE = VectorizedTransforms()

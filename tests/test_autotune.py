@@ -1,0 +1,247 @@
+"""Autotune's search, on a scripted machine (exact, no timing), and once for real on the tiny GPT."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+
+import pytest
+
+import scalekit
+from scalekit import ConfigError, RunConfig
+from scalekit.autotune import Measurement, SearchSpace, autotune, search
+from scalekit.autotune.search import MIN_GAIN, NothingFits
+from tests.helpers import CPU
+
+START = RunConfig(preset="tiny", batch_size=8, device="cpu")
+
+
+class Machine:
+    """A scripted machine: each toggle multiplies tokens/s and peak memory by a fixed factor; measurements
+    wobble by a scripted noise; the planner can be told to see a different peak than the run."""
+
+    def __init__(self, speed, memory=None, noise=(0.0,), compile_s=0.0, base_tps=1000.0, base_peak=100,
+                 planner=None, unavailable=None, exclusive=()):
+        self.speed, self.memory = speed, memory or {}
+        self.noise = itertools.cycle(noise)
+        self.compile_s, self.base_tps, self.base_peak = compile_s, base_tps, base_peak
+        self.planner, self.unavailable, self.exclusive = planner or {}, unavailable or {}, exclusive
+        self.measured = []
+
+    @staticmethod
+    def product(table, cfg) -> float:
+        f = 1.0
+        for name in cfg.toggles:
+            f *= table.get(name, 1.0)
+        return f
+
+    def peak(self, cfg, table) -> int:
+        return int(self.base_peak * self.product(table, cfg) * cfg.batch_size / START.batch_size)
+
+    def measure(self, cfg) -> Measurement:
+        self.measured.append(dict(cfg.toggles))
+        tps = self.base_tps * self.product(self.speed, cfg) * self.speed.get(f"batch_size={cfg.batch_size}", 1.0)
+        tps *= 1 + next(self.noise)
+        return Measurement(tps, self.peak(cfg, self.memory), self.compile_s if "compile" in cfg.toggles else 0.0,
+                           1e6 / tps)
+
+    def space(self, changes, batches=()):
+        def conflicts(toggles):
+            for a, b in self.exclusive:
+                if a in toggles and b in toggles:
+                    return f"{a} and {b} exclude each other"
+            return None
+
+        return SearchSpace(changes=changes, available=lambda n: (n not in self.unavailable, self.unavailable.get(n, "")),
+                           conflicts=conflicts,
+                           planned_peak=lambda cfg: self.peak(cfg, {**self.memory, **self.planner}),
+                           measure=self.measure, batch_sizes=lambda cfg, budget: list(batches),
+                           memory_only=frozenset({"checkpointing"}))
+
+
+CHANGES = [("bf16", {"bf16": True}), ("sdpa", {"sdpa": True}), ("fused", {"fused_adamw": True}),
+           ("compile", {"compile": "default"})]
+
+
+def by_label(result):
+    return {c.label: c for c in result.candidates}
+
+
+def test_real_gains_are_kept_and_gains_within_noise_are_not():
+    machine = Machine(speed={"bf16": 1.5, "sdpa": 1.01, "fused_adamw": 0.9, "compile": 1.3})
+    result = search(START, machine.space(CHANGES))
+    c = by_label(result)
+    assert c["bf16"].accepted and c["bf16"].speedup == pytest.approx(1.5)
+    assert not c["sdpa"].accepted and c["sdpa"].reason.startswith("within noise")  # 1% < MIN_GAIN
+    assert not c["fused"].accepted and c["fused"].reason.startswith("slower")
+    assert c["compile"].accepted
+    assert set(result.best.toggles) == {"bf16", "compile"}
+    assert result.best_tokens_per_s == pytest.approx(1000 * 1.5 * 1.3)
+
+
+def test_a_gain_inside_the_measured_noise_is_rejected_even_above_the_minimum():
+    # the candidate's two runs come out 6% high and 6% low: a 5% gain sits inside the noise the pairs show
+    machine = Machine(speed={"bf16": 1.05}, noise=(0.0, 0.0, 0.06, -0.06, 0.0))
+    result = search(START, machine.space(CHANGES[:1]))
+    bf16 = result.candidates[0]
+    assert bf16.noise > MIN_GAIN and not bf16.accepted and bf16.reason.startswith("within noise")
+
+
+def test_each_candidate_is_measured_in_paired_rounds_with_the_order_alternating():
+    machine = Machine(speed={"bf16": 2.0})
+    search(START, machine.space(CHANGES[:1]))
+    assert machine.measured == [{}, {}, {"bf16": True}, {"bf16": True}, {}]  # start, then best/cand, cand/best
+
+
+def test_exclusive_and_unavailable_changes_are_rejected_with_the_reason_without_running():
+    machine = Machine(speed={"bf16": 2.0, "fp16": 3.0}, exclusive=[("bf16", "fp16")],
+                      unavailable={"tf32": "TF32 is a tensor-core format of NVIDIA GPUs"})
+    changes = [("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("fp16", {"fp16": True})]
+    result = search(START, machine.space(changes))
+    c = by_label(result)
+    assert c["tf32"].reason == "unavailable here: TF32 is a tensor-core format of NVIDIA GPUs"
+    assert c["fp16"].reason.startswith("cannot go with what is on: bf16 and fp16")
+    assert all("tf32" not in m and "fp16" not in m for m in machine.measured)
+
+
+def test_the_planner_prunes_what_cannot_fit_before_any_measurement():
+    machine = Machine(speed={"bf16": 1.5, "compile": 2.0}, memory={"compile": 3.0})
+    result = search(START, machine.space(CHANGES), budget_bytes=200)
+    c = by_label(result)
+    assert c["compile"].reason.startswith("over budget by the planner") and {"compile": "default"} not in [
+        {k: v for k, v in m.items() if k == "compile"} for m in machine.measured]
+
+
+def test_never_returns_a_configuration_over_budget_when_measured():
+    # the planner thinks compile fits (it plans eagerly); the measured peak does not
+    machine = Machine(speed={"compile": 2.0}, memory={"compile": 3.0}, planner={"compile": 1.0})
+    result = search(START, machine.space(CHANGES[3:]), budget_bytes=200)
+    assert result.candidates[0].reason.startswith("over budget when measured") and not result.best.toggles
+
+
+def test_a_start_over_budget_takes_memory_levers_and_nothing_fitting_is_an_error():
+    machine = Machine(speed={"checkpointing": 0.8}, memory={"checkpointing": 0.5}, base_peak=300)
+    result = search(START, machine.space([("checkpointing", {"checkpointing": 1})]), budget_bytes=200)
+    assert result.best.toggles == {"checkpointing": 1} and "brings the peak under" in result.candidates[0].reason
+    with pytest.raises(NothingFits, match="no configuration tried fits"):
+        search(START, Machine(speed={}, base_peak=300).space(CHANGES[:1]), budget_bytes=200)
+
+
+def test_memory_levers_are_not_tried_when_the_best_already_fits():
+    machine = Machine(speed={"checkpointing": 0.8})
+    result = search(START, machine.space([("checkpointing", {"checkpointing": 1})]), budget_bytes=10**9)
+    assert result.candidates[0].reason.startswith("not tried: the best already fits")
+
+
+@pytest.mark.parametrize("run_steps,kept", [(50, False), (100_000, True)])
+def test_compile_time_is_weighed_against_the_planned_run(run_steps, kept):
+    # 2× per step (a step goes from 1 s to 0.5 s): 100 s of compilation pays off only over many steps
+    machine = Machine(speed={"compile": 2.0}, compile_s=100.0)
+    result = search(START, machine.space(CHANGES[3:]), run_steps=run_steps)
+    compile_ = result.candidates[0]
+    assert compile_.accepted is kept and f"run_steps={run_steps}" in compile_.reason
+
+
+def test_larger_batches_are_tried_last_on_the_best_configuration():
+    machine = Machine(speed={"bf16": 1.5, "batch_size=16": 1.2})
+    result = search(START, machine.space(CHANGES[:1], batches=[16]))
+    batch = by_label(result)["batch_size=16"]
+    assert batch.accepted and batch.toggles == {"bf16": True} and result.best.batch_size == 16
+
+
+def test_the_time_budget_stops_the_search_cleanly_with_the_best_so_far():
+    now = [0.0]
+    machine = Machine(speed={"bf16": 1.5, "sdpa": 1.5, "fused_adamw": 1.5})
+    space = machine.space(CHANGES[:3])
+    real = space.measure
+
+    def measure(cfg):  # every measured run takes one second of the scripted clock
+        now[0] += 1.0
+        return real(cfg)
+
+    space = dataclasses.replace(space, measure=measure)
+    result = search(START, space, time_budget_s=12, clock=lambda: now[0])
+    assert result.stopped.startswith("time budget") and 0 < len(result.candidates) < 3
+    assert result.best.toggles  # what was kept before the budget ran out
+    assert now[0] <= 12  # it stopped before a candidate that would have ended past the budget
+
+
+def test_stop_ends_the_search_and_a_cut_short_candidate_is_not_kept():
+    stop = threading.Event()
+    machine = Machine(speed={"bf16": 2.0, "sdpa": 2.0})
+    space = machine.space(CHANGES[:2])
+    real = space.measure
+
+    def measure(cfg):
+        if "sdpa" in cfg.toggles:
+            stop.set()  # Stop pressed while sdpa's runs are going
+        return real(cfg)
+
+    space = dataclasses.replace(space, measure=measure)
+    result = search(START, space, stop=stop)
+    c = by_label(result)
+    assert c["bf16"].accepted and not c["sdpa"].accepted and c["sdpa"].reason == "stopped during its measurement"
+    assert result.best.toggles == {"bf16": True} and result.stopped == "stopped"
+
+
+@pytest.mark.parametrize("kwargs,words", [(dict(budget_bytes=0), "budget_bytes"),
+                                          (dict(time_budget_s=-1), "time_budget_s"),
+                                          (dict(run_steps=2.5), "run_steps")])
+def test_bad_arguments_name_themselves(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
+        autotune(START, **kwargs)
+
+
+@pytest.mark.slow
+def test_autotune_on_the_tiny_gpt_for_real():
+    result = autotune(START, budget_bytes=64 * 2**20, time_budget_s=120, run_steps=200, steps=6, warmup_steps=1,
+                      hw=CPU)
+    table = result.table()
+    assert len(table) >= 5 and table["why"].str.len().min() > 0  # every candidate has its reason
+    assert any(c.reason.startswith("unavailable here: TF32") for c in result.rejected)
+    again = scalekit.run(dataclasses.replace(result.best, steps=4, warmup_steps=1), hw=CPU)
+    assert again.status == "ok" and again.peak_mem_bytes <= 64 * 2**20
+    assert result.search.elapsed_s < 120
+
+
+def test_the_lab_finds_the_fastest_live_and_stop_ends_the_search(monkeypatch):
+    from scalekit import Lab
+    from scalekit.widgets import tune as tune_view
+
+    # the Lab's side of it, on the scripted machine: the candidates drawn, the winner selected in the panel
+    machine = Machine(speed={"sdpa": 1.6, "fused_adamw": 1.3})
+
+    def scripted(cfg, budget_bytes=None, time_budget_s=0, run_steps=0, steps=0, warmup_steps=0, stop=None,
+                 on_candidate=None, hw=None):
+        from scalekit.autotune import TuneResult
+
+        start = cfg.resolve(CPU)
+        found = search(start, machine.space([("sdpa", {"sdpa": True}), ("fused", {"fused_adamw": True}),
+                                             ("bf16", {"bf16": True})]), stop=stop, on_candidate=on_candidate)
+        return TuneResult(best=found.best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
+
+    monkeypatch.setattr(tune_view, "autotune", scripted)
+    lab = Lab(preset="tiny", steps=2, warmup_steps=0, device="cpu", hw=CPU, measure_memory=False)
+    assert lab.find_fastest(time_budget_s=60)
+    result = lab.tune.wait(60)
+    assert set(result.best.toggles) == {"sdpa", "fused_adamw"}
+    assert lab.panel.selected() == result.best.toggles  # the panel now shows the winner
+    kept, rest, line, best = lab.tune.figure.data
+    assert len(kept.x) == 2 and len(rest.x) == 1 and list(best.y) == [pytest.approx(1000 * 1.6 * 1.3)]
+    assert not lab.run_button.disabled and "chose" in lab.tune.outcome.value
+
+    # for real, and Stop pressed at once: the search ends within a step and the Lab is usable again
+    monkeypatch.undo()
+    lab2 = Lab(preset="tiny", steps=50, warmup_steps=0, device="cpu", hw=CPU, measure_memory=False)
+    assert lab2.find_fastest(time_budget_s=600)
+    lab2.stop()
+    lab2.tune.wait(120)
+    assert not lab2.tune.running and not lab2.run_button.disabled
+
+
+def test_stop_before_the_first_measurement_returns_the_start_unchanged():
+    stop = threading.Event()
+    stop.set()
+    result = search(START, Machine(speed={"bf16": 2.0}).space(CHANGES), stop=stop)
+    assert result.stopped == "stopped" and result.best is START and not result.candidates

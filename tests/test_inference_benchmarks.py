@@ -1,0 +1,45 @@
+"""The inference benchmarks run end to end (small) and end with their `ratio=` line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(*args: str) -> str:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_generate_vs_hf_compares_on_the_same_tokens():
+    out = run_benchmark("benchmarks/generate_vs_hf.py", "--new-tokens", "12", "--rounds", "1", "--batches", "1", "2",
+                        "--threads", "1")
+    lines = out.strip().splitlines()
+    assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
+    assert sum("same greedy tokens" in line for line in lines) == 2  # the script asserts they agree
+
+
+@pytest.mark.slow
+def test_kv_cache_speedup_writes_its_figures(tmp_path):
+    path = tmp_path / "kv.json"
+    out = run_benchmark("benchmarks/kv_cache_speedup.py", "--new-tokens", "40", "--threads", "1", "--json", str(path))
+    assert re.fullmatch(r"ratio=\d+\.\d", out.strip().splitlines()[-1])
+    doc = json.loads(path.read_text())
+    assert doc["same_tokens"] and set(doc["speedup"]) == {"no cache", "kv_cache=dynamic", "kv_cache=static"}
+    assert doc["speedup"]["kv_cache=static"] > 1  # on any hardware: 40 tokens without a cache read ≈20× more
+
+
+def test_the_recorded_cpu_measurement_says_how_it_was_made():
+    doc = json.loads((ROOT / "reference" / "cpu_kv_cache_1000_tokens.json").read_text())
+    assert doc["script"] == "benchmarks/kv_cache_speedup.py" and "--new-tokens 1000" in doc["command"]
+    assert doc["same_tokens"] and doc["torch"] and doc["date"] and doc["device"]
+    assert doc["speedup"]["kv_cache=static"] == pytest.approx(doc["seconds"]["no cache"] / doc["seconds"]["kv_cache=static"])
