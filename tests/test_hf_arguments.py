@@ -22,18 +22,19 @@ from scalekit.hf.export import export_code  # noqa: E402
 from scalekit.toggles import TOGGLES, Toggle  # noqa: E402
 from scalekit.toggles.compile import COMPILE_MODES  # noqa: E402
 
-TrainingArguments = transformers.TrainingArguments
+# transformers.TrainingArguments is looked up when a test runs, not at collection: importing it imports peft and so
+# bitsandbytes, after which scalekit.launch (rightly) refuses to fork the ranks that the forking tests, run first, start
 
 
 def test_the_defaults_assumed_for_a_dict_are_the_installed_transformers_defaults():
-    fields = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.init}
+    fields = {f.name: f.default for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
     for name, default in hf_args.DEFAULTS.items():
         assert name in fields, f"TrainingArguments has no field {name!r}"
         assert fields[name] == default, (name, fields[name], default)
 
 
 def test_a_real_training_arguments_maps_field_by_field(tmp_path):
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
                              activation_checkpointing=True, use_cpu=True, bf16=True, optim="adamw_bnb_8bit",
                              torch_compile_mode="reduce-overhead", torch_empty_cache_steps=5, dataloader_drop_last=True,
                              learning_rate=3e-4, seed=7, weight_decay=0.1, warmup_steps=10)
@@ -45,7 +46,7 @@ def test_a_real_training_arguments_maps_field_by_field(tmp_path):
     assert "weight_decay=0.1" in notes and "warmup_steps=10" in notes  # set, not mapped: said with the value
     assert "adam_beta1" in notes and "max_grad_norm" in notes  # at their defaults, not mapped: named
     mapped_elsewhere = set(hf_args.MAPPED) | set(hf_args.DATA_TOGGLES)
-    for f in dataclasses.fields(TrainingArguments):
+    for f in dataclasses.fields(transformers.TrainingArguments):
         if f.init and f.name not in mapped_elsewhere:
             assert f.name in notes, f"{f.name} is neither mapped nor listed"
 
@@ -84,7 +85,7 @@ def test_unsupported_values_are_said_or_refused_naming_the_field():
 def test_world_size_multiplies_the_per_device_batch_and_means_ddp():
     cfg = RunConfig.from_training_arguments({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
                                             world_size=2)
-    # TrainingArguments' default optimizer is fused AdamW: a dict that leaves it out means that one
+    # transformers.TrainingArguments' default optimizer is fused AdamW: a dict that leaves it out means that one
     assert cfg.batch_size == 16 and cfg.toggles == {"ddp": True, "grad_accum": 2, "optim": "adamw_torch_fused"}
     fsdp = RunConfig.from_training_arguments({"fsdp": "full_shard offload auto_wrap", "optim": "adamw_torch"},
                                              world_size=4)
@@ -167,8 +168,8 @@ def test_exported_transformers_code_builds_the_same_training_arguments(toggles, 
     namespace = {"config": model_config("gpt2", "tiny"), "train_dataset": tiny_dataset(8)}
     exec(compile(code, "exported.py", "exec"), namespace)
     args = namespace["args"]
-    assert isinstance(args, TrainingArguments)
-    # what TrainingArguments carries comes back; the model-side toggles are in the model the code built
+    assert isinstance(args, transformers.TrainingArguments)
+    # what transformers.TrainingArguments carries comes back; the model-side toggles are in the model the code built
     training_side = {n: v for n, v in cfg.toggles.items() if n not in hf_args.MODEL_SIDE}
     assert RunConfig.from_training_arguments(args, world_size=world) == dataclasses.replace(cfg, toggles=training_side)
     model = namespace["model"]
@@ -182,7 +183,7 @@ def test_exported_transformers_code_builds_the_same_training_arguments(toggles, 
 def test_exported_tf32_code_builds_its_training_arguments_on_a_gpu():
     cfg = RunConfig(toggles={"tf32": True, "bf16": True}, batch_size=8)
     code = export_code(cfg, "hf")
-    namespace = {"TrainingArguments": TrainingArguments}
+    namespace = {"TrainingArguments": transformers.TrainingArguments}
     exec(code[code.index("args = "):code.index("trainer = Trainer(")], namespace)
     assert RunConfig.from_training_arguments(namespace["args"]) == cfg
 

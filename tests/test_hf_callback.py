@@ -8,7 +8,16 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the Transformers bridge needs transformers installed")
 
 from scalekit import ConfigError, RunConfig, run  # noqa: E402
-from scalekit.hf import CorpusDataset, ScalekitCallback, causal_lm  # noqa: E402
+from scalekit.hf import CorpusDataset, causal_lm  # noqa: E402
+
+
+def ScalekitCallback(**kwargs):  # noqa: N802 - the class, imported when a test runs, not at collection
+    # (it subclasses transformers' TrainerCallback, whose import brings in peft and so bitsandbytes, after which
+    # scalekit.launch refuses to fork the ranks of the forking tests, which run first)
+    from scalekit.hf import ScalekitCallback as cls
+
+    return cls(**kwargs)
+
 
 SEQ = 64
 
