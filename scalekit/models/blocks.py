@@ -60,13 +60,19 @@ def block_list(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [] if blocks is None else list(blocks)
 
 
-def block_linears(model: torch.nn.Module, names=None) -> list[str]:
+def is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2's projections): a linear layer whose weight is stored (in, out)."""
+    return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers")
+
+
+def block_linears(model: torch.nn.Module, names=None, conv1d: bool = False) -> list[str]:
     """Qualified names of the nn.Linear layers inside the model's repeated blocks (the layers adapters and
-    quantization act on), optionally only those whose own name is in `names` (e.g. ('c_attn', 'c_fc'))."""
+    quantization act on), optionally only those whose own name is in `names` (e.g. ('c_attn', 'c_fc')).
+    conv1d: count transformers' Conv1D as linear too (LoRA adapts it; the quantizers take only nn.Linear)."""
     blocks = find_blocks(model)
     if blocks is None:
         return []
     inside = {id(m) for b in blocks for m in b.modules()}
     return [qualified for qualified, m in model.named_modules()
-            if id(m) in inside and isinstance(m, torch.nn.Linear)
+            if id(m) in inside and (isinstance(m, torch.nn.Linear) or (conv1d and is_conv1d(m)))
             and (names is None or qualified.rsplit(".", 1)[-1] in names)]

@@ -10,7 +10,7 @@ import os
 import warnings
 
 from ..errors import ToggleUnavailable
-from ..models.blocks import block_linears
+from ..models.blocks import block_linears, is_conv1d
 from .base import BuildContext
 from .counted import CountToggle
 
@@ -39,9 +39,9 @@ def peft_available() -> tuple[bool, str]:
 
 
 def adapter_targets(ctx: BuildContext) -> list[str]:
-    """The linear layers the adapters go on: every nn.Linear inside the model's repeated blocks (one rule,
-    scalekit.models.blocks), or those named by RunConfig.adapter_targets."""
-    targets = block_linears(ctx.base_model, ctx.config.adapter_targets)
+    """The linear layers the adapters go on: every nn.Linear (or transformers' Conv1D, as in GPT-2) inside the
+    model's repeated blocks (one rule, scalekit.models.blocks), or those named by RunConfig.adapter_targets."""
+    targets = block_linears(ctx.base_model, ctx.config.adapter_targets, conv1d=True)
     if not targets:
         what = f"named {list(ctx.config.adapter_targets)}" if ctx.config.adapter_targets else "at all"
         raise ToggleUnavailable(f"adapters need linear layers inside the model's repeated blocks, and there are "
@@ -53,8 +53,11 @@ def add_adapters(ctx: BuildContext, rank: int, use_dora: bool) -> None:
     """peft's LoRA (or DoRA) layers on the targets; everything else frozen."""
     peft = import_peft()
     targets = adapter_targets(ctx)
+    modules = dict(ctx.base_model.named_modules())
+    # Conv1D stores its weight (in, out): peft must know, or its update would be transposed
+    fan_in_fan_out = all(is_conv1d(modules[t]) for t in targets)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
-                             use_dora=use_dora, init_lora_weights=True)
+                             use_dora=use_dora, init_lora_weights=True, fan_in_fan_out=fan_in_fan_out)
     # peft puts its layers into the model in place (ctx.base_model keeps them) and wraps it in a PeftModel
     ctx.model = peft.get_peft_model(ctx.base_model, config)
     kind = "DoRA" if use_dora else "LoRA"
