@@ -155,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
     tune.add_argument("--run-steps", type=int, default=1000,
                       help="steps of the real run you plan: one-off costs (compile) must pay off over them")
     tune.add_argument("--json", metavar="PATH", help="write the search (every candidate and why) as JSON")
+    tune.add_argument("--export", choices=["hf", "accelerate", "lightning"], default=None,
+                      help="also print the winner as code for Transformers (TrainingArguments), Accelerate or "
+                           "Lightning")
     launch_commands.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
@@ -346,6 +349,8 @@ def cmd_tune(args, stop) -> int:
     print(result.summary())
     print(f"best: {' '.join(f'--toggle {n}' if v is True else f'--toggle {n}={v}' for n, v in result.best.toggles.items())}"
           f" --batch-size {result.best.batch_size}")
+    if args.export:
+        print(f"\n# the winner for {args.export}:\n{result.export(args.export)}")
     if json_path is not None:
         write_results_json(json_path, result.to_dict())
     return 0

@@ -245,3 +245,29 @@ def test_stop_before_the_first_measurement_returns_the_start_unchanged():
     stop.set()
     result = search(START, Machine(speed={"bf16": 2.0}).space(CHANGES), stop=stop)
     assert result.stopped == "stopped" and result.best is START and not result.candidates
+
+
+def test_the_winner_exports_as_training_arguments_that_read_back_as_the_winner(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers", reason="exporting to Transformers needs transformers")
+    from scalekit.autotune import TuneResult
+    from scalekit.hf import arguments as hf_args
+    from scalekit.hf import model_config
+
+    machine = Machine(speed={"bf16": 1.5, "fused_adamw": 1.2, "sdpa": 1.3, "compile": 0.8})
+    found = search(START, machine.space(CHANGES))
+    result = TuneResult(best=found.best, search=found, budget_bytes=None, run_steps=1000)
+    assert set(result.best.toggles) == {"bf16", "sdpa", "fused_adamw"}
+    code = result.export("hf")
+    monkeypatch.chdir(tmp_path)
+    namespace = {"config": model_config("gpt2", "tiny")}  # the exported code builds the model from `config`
+    exec(compile(code[:code.index("trainer = Trainer(")], "exported.py", "exec"), namespace)
+    assert isinstance(namespace["args"], transformers.TrainingArguments)
+    back = RunConfig.from_training_arguments(namespace["args"])
+    training_side = {n: v for n, v in result.best.toggles.items() if n not in hf_args.MODEL_SIDE}
+    assert {n: v for n, v in back.toggles.items() if n != "optim"} == \
+        {n: v for n, v in training_side.items() if n != "fused_adamw"}
+    assert back.toggles["optim"] == "adamw_torch_fused"  # fused_adamw is TrainingArguments' optim="adamw_torch_fused"
+    assert back.batch_size == result.best.batch_size
+    assert 'attn_implementation="sdpa"' in code  # sdpa lives in the model the code builds
+    for target in ("accelerate", "lightning"):
+        compile(result.export(target), f"exported_{target}.py", "exec")  # valid Python for each framework

@@ -3,6 +3,7 @@
     result = scalekit.autotune(RunConfig(preset="small"), budget_bytes=2**30, time_budget_s=120, run_steps=5000)
     result.best            # the RunConfig chosen
     result.table()         # the path (each accepted change, its speed-up and memory) and every rejection, why
+    result.export("hf")    # the winner as TrainingArguments code (also "accelerate", "lightning")
 
 The search itself (`autotune.search`) is measurement-agnostic; this module gives it the real machine: the
 toggles' own availability and exclusions, the planner for pruning, and `scalekit.run` for measuring.
@@ -16,6 +17,7 @@ from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError
 from ..hardware import detect
+from ..models.families import model_adapter
 from ..plan import PlanUnavailable, estimate
 from ..toggles import TOGGLES
 from .search import MIN_GAIN, ROUNDS, Candidate, Measurement, Search, SearchSpace, search
@@ -79,6 +81,14 @@ class TuneResult:
                 "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
                 "candidates": [dataclasses.asdict(c) for c in s.candidates]}
 
+    def export(self, target: str = "hf", world_size: int = 1) -> str:
+        """Python source that trains with the configuration chosen, in Transformers ('hf': its TrainingArguments),
+        Accelerate ('accelerate') or Lightning ('lightning'); what a framework has no setting for is said in
+        comments.  world_size: processes, when the winner spreads over several (ddp, fsdp)."""
+        from ..hf.export import export_code
+
+        return export_code(self.best, target, world_size=world_size)
+
     def summary(self) -> str:
         s = self.search
         kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
@@ -120,8 +130,9 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     """The search space on this machine: the changes that exist and apply, the toggles' own rules, the planner,
     and scalekit.run."""
     bf16_here = "bf16" in TOGGLES and TOGGLES["bf16"].available(hw)[0]
+    adapter = model_adapter(base.model)  # a Hugging Face model switches sdpa and nice_numbers its own way
     changes = [(label, t) for label, t in CHANGES if all(n in TOGGLES for n in t)
-               and not (base.custom_model and any(TOGGLES[n].gpt_only for n in t))
+               and not (base.custom_model and not all(TOGGLES[n].applies_to(adapter)[0] for n in t))
                and not ("fp16" in t and bf16_here)]  # fp16 is what to try where bf16 is not
 
     def available(name: str) -> tuple[bool, str]:
