@@ -76,13 +76,14 @@ def _generate_config(args, toggles, ladder: bool = False):
         unused = [flag for flag, value, default in (("--seq-len", args.seq_len, None), ("--steps", args.steps, 20),
                   ("--data", args.data, "auto"), ("--warmup-steps", args.warmup_steps, 3)) if value != default]
         if unused:
-            raise ConfigError(f"scalekit ladder inference: {', '.join(unused)} set how training is measured; the "
-                              f"inference ladder takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
+            what = "tune --generate" if getattr(args, "generate", False) else "ladder inference"
+            raise ConfigError(f"scalekit {what}: {', '.join(unused)} set how training is measured; generation "
+                              f"takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
                               f"the prompt), --device and --seed")
         model = args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
         return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens, device=args.device,
-                              seed=args.seed)
+                              seed=args.seed, toggles=toggles)
     return GenerateConfig(model=args.model or "shakespeare-char", prompts=args.prompt or ["ROMEO:"],
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           seed=args.seed, toggles=toggles, device=args.device, warmup_tokens=args.warmup_tokens,
@@ -155,6 +156,10 @@ def parser() -> argparse.ArgumentParser:
     tune.add_argument("--run-steps", type=int, default=1000,
                       help="steps of the real run you plan: one-off costs (compile) must pay off over them")
     tune.add_argument("--json", metavar="PATH", help="write the search (every candidate and why) as JSON")
+    tune.add_argument("--generate", action="store_true",
+                      help="tune generation instead of training: the inference toggles, decode tokens/s, quality kept "
+                           "(--run-steps is then the tokens the real workload generates)")
+    _generate_options(tune, ladder=True)
     tune.add_argument("--export", choices=["hf", "accelerate", "lightning"], default=None,
                       help="also print the winner as code for Transformers (TrainingArguments), Accelerate or "
                            "Lightning")
@@ -332,14 +337,17 @@ def cmd_tune(args, stop) -> int:
     from .autotune import autotune
     from .autotune.search import NothingFits
 
-    cfg = _config(args, dict(args.toggle))
+    cfg = _generate_config(args, dict(args.toggle), ladder=True) if args.generate else _config(args, dict(args.toggle))
+    if args.generate and args.export:
+        raise ConfigError("--export writes training code; with --generate there is none to write")
     json_path = check_writable(args.json, "--json") if args.json else None
     if args.budget_mb is not None and not args.budget_mb > 0:
         raise ConfigError(f"--budget-mb must be a positive number of MiB, got {args.budget_mb}")
     budget = int(args.budget_mb * 2**20) if args.budget_mb is not None else None
     try:
+        sizes = {} if args.generate else {"steps": cfg.steps, "warmup_steps": cfg.warmup_steps}
         result = autotune(cfg, budget_bytes=budget, time_budget_s=args.time_budget_s, run_steps=args.run_steps,
-                          steps=cfg.steps, warmup_steps=cfg.warmup_steps, stop=stop,
+                          stop=stop, **sizes,
                           on_candidate=lambda c, s: _progress(f"{c.label}: {'kept' if c.accepted else 'not kept'}"
                                                               f" — {c.reason}"))
     except NothingFits as exc:
@@ -347,8 +355,8 @@ def cmd_tune(args, stop) -> int:
         return 1
     print(result.table().to_string(index=False))
     print(result.summary())
-    print(f"best: {' '.join(f'--toggle {n}' if v is True else f'--toggle {n}={v}' for n, v in result.best.toggles.items())}"
-          f" --batch-size {result.best.batch_size}")
+    flags = " ".join(f"--toggle {n}" if v is True else f"--toggle {n}={v}" for n, v in result.best.toggles.items())
+    print(f"best: {flags}" + ("" if args.generate else f" --batch-size {result.best.batch_size}"))
     if args.export:
         print(f"\n# the winner for {args.export}:\n{result.export(args.export)}")
     if json_path is not None:

@@ -271,3 +271,56 @@ def test_the_winner_exports_as_training_arguments_that_read_back_as_the_winner(t
     assert 'attn_implementation="sdpa"' in code  # sdpa lives in the model the code builds
     for target in ("accelerate", "lightning"):
         compile(result.export(target), f"exported_{target}.py", "exec")  # valid Python for each framework
+
+
+class ScriptedGeneration:
+    """scalekit.generate, scripted: decode tokens/s and agreement per toggle, no model run."""
+
+    def __init__(self, speed, agreement):
+        self.speed, self.agreement, self.calls = speed, agreement, []
+
+    def __call__(self, cfg, stop=None, hw=None, catch_errors=False):
+        from scalekit.inference.results import GenerateResult
+        from scalekit.measure.results import Spread
+
+        self.calls.append(dict(cfg.toggles))
+        tps = 100.0
+        agreement = 1.0
+        for name, value in cfg.toggles.items():
+            tps *= self.speed.get(name, 1.0)
+            agreement = min(agreement, self.agreement.get(name, 1.0))
+        return GenerateResult(label=cfg.describe(), config=cfg.to_dict(), decode_tokens_per_s=tps,
+                              decode_ms=Spread.of([1e3 / tps]), peak_mem_bytes=1000, agreement=agreement,
+                              perplexity=4.0 / agreement, reference_perplexity=4.0, compile_s=0.0)
+
+
+def test_generation_autotune_keeps_real_gains_and_refuses_a_fast_change_that_loses_quality(monkeypatch):
+    from scalekit.autotune import generation
+    from scalekit.inference import GenerateConfig
+
+    scripted = ScriptedGeneration(speed={"kv_cache": 3.0, "inference_mode": 1.1, "quantize": 2.0, "bf16": 0.5},
+                                  agreement={"quantize": 0.90})
+    monkeypatch.setattr(generation, "generate", scripted)
+    result = autotune(GenerateConfig(prompts="ROMEO:", max_new_tokens=300, device="cpu"), time_budget_s=600,
+                      run_steps=10_000, hw=CPU)
+    c = {cand.label.split(" (")[0]: cand for cand in result.search.candidates}
+    assert c["kv_cache=dynamic"].accepted and c["inference_mode"].accepted
+    assert not c["bf16"].accepted and c["bf16"].reason.startswith("slower")
+    quantized = [cand for label, cand in c.items() if label.endswith("weights")]
+    assert quantized and all(not q.accepted for q in quantized)
+    assert any(q.reason.startswith("refused: quality") and "below min_agreement=95%" in q.reason for q in quantized)
+    assert "quantize" not in result.best.toggles and result.best.max_new_tokens == 300  # the user's length kept
+    assert all(call.get("quantize") is None or call.get("kv_cache") for call in scripted.calls)  # on top of the best
+    with pytest.raises(ConfigError, match="export writes training code"):
+        result.export("hf")
+
+
+def test_generation_autotune_names_bad_arguments():
+    from scalekit.inference import GenerateConfig
+
+    with pytest.raises(ConfigError, match="min_agreement must be a share from 0 to 1"):
+        from scalekit.autotune.generation import autotune_generation
+
+        autotune_generation(GenerateConfig(device="cpu"), min_agreement=2)
+    with pytest.raises(ConfigError, match="autotune takes a RunConfig .* or a GenerateConfig"):
+        autotune("tiny")

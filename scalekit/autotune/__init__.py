@@ -20,7 +20,7 @@ from ..hardware import detect
 from ..models.families import model_adapter
 from ..plan import PlanUnavailable, estimate
 from ..toggles import TOGGLES
-from .search import MIN_GAIN, ROUNDS, Candidate, Measurement, Search, SearchSpace, search
+from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, Search, SearchSpace, search
 
 __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "CHANGES", "MIN_GAIN",
            "ROUNDS"]
@@ -87,6 +87,9 @@ class TuneResult:
         comments.  world_size: processes, when the winner spreads over several (ddp, fsdp)."""
         from ..hf.export import export_code
 
+        if not isinstance(self.best, RunConfig):
+            raise ConfigError("export writes training code (TrainingArguments, Accelerate, Lightning); a generation "
+                              "configuration has no such settings: use result.best with scalekit.generate")
         return export_code(self.best, target, world_size=world_size)
 
     def summary(self) -> str:
@@ -102,11 +105,24 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
              run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
              hw=None) -> TuneResult:
     """The fastest configuration found for `config`'s model on this machine whose measured peak fits
-    `budget_bytes` (None: no budget), searching at most `time_budget_s` seconds.  `run_steps` is the length
+    `budget_bytes` (None: no budget), searching at most `time_budget_s` seconds.  A GenerateConfig is tuned for
+    generation instead (autotune.generation: decode tokens/s, quality kept; run_steps is then the tokens the
+    real workload generates).  `run_steps` is the length
     of the real run planned: one-off costs (compile time) must pay for themselves over it.  Each candidate
     is measured for `steps` steps after `warmup_steps`, against the best so far in paired rounds."""
+    from ..inference import GenerateConfig
+
+    if isinstance(config, GenerateConfig):  # generation: the inference toggles, decode tokens/s, quality kept
+        from .generation import autotune_generation
+
+        return autotune_generation(config, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
+                                   run_tokens=run_steps, stop=stop, on_candidate=on_candidate, hw=hw)
+    if not isinstance(config, RunConfig):
+        raise ConfigError(f"autotune takes a RunConfig (training) or a GenerateConfig (generation), got "
+                          f"{type(config).__name__}")
     _check(budget_bytes, time_budget_s, run_steps, steps)
     hw = hw or detect(config.device)
+    stop = Deadline(time_budget_s, stop)  # a measurement under way when the budget runs out ends there
     base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
     space = machine_space(base, hw, stop)
     found = search(base.resolve(hw), space, budget_bytes=budget_bytes, time_budget_s=time_budget_s,

@@ -32,6 +32,25 @@ class Measurement:
     compile_s: float = 0.0  # one-off cost paid at the start of a real run
     step_ms: float | None = None
     failed: str | None = None  # an error, in plain words
+    refused: str | None = None  # it ran, but its result is not acceptable (e.g. generation quality), and why
+
+
+class Deadline:
+    """A stop flag that is also set once `seconds` have passed: measurements (which check their stop flag every
+    step) end at the time budget instead of overrunning it by a candidate.  `why` says which it was."""
+
+    def __init__(self, seconds: float, stop=None, clock=time.monotonic):
+        self.end, self.stop, self.clock = clock() + seconds, stop, clock
+        self.seconds = seconds
+
+    def is_set(self) -> bool:
+        return (self.stop is not None and self.stop.is_set()) or self.clock() >= self.end
+
+    @property
+    def why(self) -> str:
+        if self.stop is not None and self.stop.is_set():
+            return "stopped"
+        return f"time budget ({self.seconds:g} s) reached"
 
 
 @dataclass
@@ -83,6 +102,9 @@ class SearchSpace:
     measure: Callable[[Any], Measurement]
     batch_sizes: Callable[[Any, int | None], list[int]] = lambda cfg, budget: []  # larger batches to try
     memory_only: frozenset = frozenset()  # labels of changes tried only while the best is over the budget
+    # (toggle name, value) -> (ok, why not), for toggles whose modes differ in what runs here (quantize
+    # methods); None: `available` alone decides
+    choice_available: Callable[[str, Any], tuple[bool, str]] | None = None
 
 
 def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budget_s: float = 300.0,
@@ -120,8 +142,8 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
                 result.best = _measured(candidate, cfg, result.best, result, space, budget_bytes, run_steps)
                 if stop is not None and stop.is_set():  # its runs were cut short: not a measurement
                     result.best, result.best_tokens_per_s, result.best_peak_bytes = before
-                    candidate.accepted, candidate.reason = False, "stopped during its measurement"
-                    result.stopped = "stopped"
+                    result.stopped = getattr(stop, "why", "stopped")
+                    candidate.accepted, candidate.reason = False, f"{result.stopped} during its measurement"
         result.candidates.append(candidate)
         if on_candidate is not None:
             on_candidate(candidate, result)
@@ -145,13 +167,14 @@ class NothingFits(RuntimeError):
 def _candidate(best, label: str, change: dict) -> Candidate:
     """The candidate for `change` on top of `best` (a toggle set to False is switched off)."""
     change = dict(change)
-    batch = change.pop("batch_size", best.batch_size)
+    batch = change.pop("batch_size", getattr(best, "batch_size", None))  # (a generation has prompts, no batch)
     toggles = {k: v for k, v in {**best.toggles, **change}.items() if v is not False}
     return Candidate(label=label, toggles=toggles, batch_size=batch)
 
 
 def _configured(c: Candidate, best):
-    cfg = dataclasses.replace(best, toggles=c.toggles, batch_size=c.batch_size, label=None)
+    sizes = {"batch_size": c.batch_size} if hasattr(best, "batch_size") else {}
+    cfg = dataclasses.replace(best, toggles=c.toggles, label=None, **sizes)
     c.toggles = dict(cfg.toggles)  # normalised (a mode for True, in application order)
     return cfg
 
@@ -159,7 +182,7 @@ def _configured(c: Candidate, best):
 def _out_of_time(result: Search, clock, t0: float, time_budget_s: float, stop, next_s: float) -> bool:
     """Stop before a candidate that would end after the time budget (`next_s`: what one is expected to take)."""
     if stop is not None and stop.is_set():
-        result.stopped = "stopped"
+        result.stopped = getattr(stop, "why", "stopped")
     elif clock() - t0 + next_s > time_budget_s:
         result.stopped = f"time budget ({time_budget_s:g} s) reached"
     return bool(result.stopped)
@@ -169,7 +192,8 @@ def _pruned(c: Candidate, space: SearchSpace, best) -> bool:
     """Refuse a candidate before building it, saying why (True: refused)."""
     new = {k: v for k, v in c.toggles.items() if best.toggles.get(k) != v}
     for name in new:
-        ok, why = space.available(name)
+        ok, why = space.available(name) if space.choice_available is None else \
+            space.choice_available(name, c.toggles[name])
         if not ok:
             c.reason = f"unavailable here: {why}"
             return True
@@ -177,7 +201,7 @@ def _pruned(c: Candidate, space: SearchSpace, best) -> bool:
     if conflict:
         c.reason = f"cannot go with what is on: {conflict}"
         return True
-    if not new and c.toggles.keys() == best.toggles.keys() and c.batch_size == best.batch_size:
+    if not new and c.toggles.keys() == best.toggles.keys() and c.batch_size == getattr(best, "batch_size", None):
         c.reason = "already on"
         return True
     return False
@@ -201,8 +225,8 @@ def _measured(c: Candidate, cfg, best, result: Search, space: SearchSpace, budge
         pair = (best, cfg) if k % 2 == 0 else (cfg, best)  # alternate who goes first
         a, b = (space.measure(x) for x in pair)
         base, cand = (a, b) if k % 2 == 0 else (b, a)
-        if cand.failed:
-            c.reason = f"failed: {cand.failed}"
+        if cand.failed or cand.refused:
+            c.reason = f"failed: {cand.failed}" if cand.failed else f"refused: {cand.refused}"
             return best
         ratios.append(cand.tokens_per_s / base.tokens_per_s)
         mine.append(cand)

@@ -1,0 +1,101 @@
+"""Autotune for generation: the fastest decode for a GenerateConfig on this machine, quality kept.
+
+The same greedy, paired search as training (`autotune.search`), over the inference toggles: inference_mode,
+the KV cache (dynamic, then static), SDPA, bf16, compile, then weight quantization (the first int8 and the
+first 4-bit method that run here, as the inference ladder picks them).  Speed is decode tokens/s; one-off
+costs (compiling the decode step) are weighed against `run_tokens`, the tokens the real workload generates.
+A change that makes the output worse than `min_agreement` (the share of held-out positions whose greedy
+token equals the unmodified model's) is refused, however fast: quantization and bf16 are judged on quality
+before speed.  No planner prunes generation candidates (scalekit's planner is for training steps); a
+measured peak over `budget_bytes` is refused as in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import ConfigError
+from ..hardware import detect
+from ..inference import GenerateConfig, generate
+from ..inference.ladder import INT4_METHODS, INT8_METHODS, first_available
+from ..toggles import TOGGLES
+from .search import Deadline, Measurement, SearchSpace, search
+
+MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
+
+# (label, toggles) in the order they are tried; a tuple of quantization methods means "the first that runs here"
+GENERATION_CHANGES: tuple[tuple[str, dict], ...] = (
+    ("inference_mode", {"inference_mode": True}),
+    ("kv_cache=dynamic", {"kv_cache": "dynamic"}),
+    ("kv_cache=static", {"kv_cache": "static"}),
+    ("sdpa", {"sdpa": True}),
+    ("bf16", {"bf16": True}),
+    ("compile", {"compile": "default"}),
+    ("int8 weights", {"quantize": INT8_METHODS}),
+    ("4-bit weights", {"quantize": INT4_METHODS}),
+)
+
+
+def generation_changes(hw) -> list[tuple[str, dict]]:
+    """GENERATION_CHANGES with each list of quantization methods resolved to the first that runs here (or the
+    first of the list, which the search then reports as unavailable, with why)."""
+    out = []
+    for label, toggles in GENERATION_CHANGES:
+        methods = toggles.get("quantize")
+        if isinstance(methods, tuple):
+            method, _ = first_available(methods, hw)
+            method = method or methods[0]
+            toggles = {**toggles, "quantize": method}
+            label = f"{label} ({method})"
+        if all(n in TOGGLES for n in toggles):
+            out.append((label, toggles))
+    return out
+
+
+def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) -> SearchSpace:
+    def choice_available(name: str, value) -> tuple[bool, str]:
+        toggle = TOGGLES[name]
+        return toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+
+    def conflicts(toggles: dict) -> str | None:
+        try:
+            dataclasses.replace(base, toggles=toggles)
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[-1]
+        return None
+
+    def measure(cfg: GenerateConfig) -> Measurement:
+        r = generate(cfg, stop=stop, hw=hw, catch_errors=True)
+        if r.status not in ("ok", "stopped") or not r.decode_tokens_per_s:
+            return Measurement(0.0, None, failed=r.error or r.status)
+        refused = None
+        if r.agreement is not None and r.agreement < min_agreement:
+            refused = (f"quality: the greedy token matches the unmodified model's at {r.agreement:.1%} of held-out "
+                       f"positions, below min_agreement={min_agreement:.0%} (perplexity {r.perplexity:.3f} against "
+                       f"{r.reference_perplexity:.3f})")
+        step_ms = r.decode_ms.median if r.decode_ms else None
+        return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
+
+    return SearchSpace(changes=generation_changes(hw), available=lambda name: TOGGLES[name].available(hw),
+                       conflicts=conflicts, planned_peak=lambda cfg: None, measure=measure,
+                       choice_available=choice_available)
+
+
+def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
+                        run_tokens: int = 10_000, min_agreement: float = MIN_AGREEMENT, max_new_tokens: int = 64,
+                        stop=None, on_candidate=None, hw=None):
+    """The fastest generation configuration found for `config` (see the module docstring).  Each candidate
+    generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length."""
+    from . import TuneResult, _check
+
+    _check(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
+    if isinstance(min_agreement, bool) or not isinstance(min_agreement, (int, float)) or not 0 <= min_agreement <= 1:
+        raise ConfigError(f"autotune: min_agreement must be a share from 0 to 1, got {min_agreement!r}")
+    hw = hw or detect(config.device)
+    stop = Deadline(time_budget_s, stop)  # a measurement under way when the budget runs out ends there
+    # quality is what guards the quantized and bf16 candidates: measured on every run
+    base = dataclasses.replace(config, max_new_tokens=max_new_tokens, quality=True, label=None)
+    found = search(base.resolve(hw), generation_space(base, hw, min_agreement, stop), budget_bytes=budget_bytes,
+                   time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate)
+    best = dataclasses.replace(found.best, max_new_tokens=config.max_new_tokens, quality=config.quality, label=None)
+    return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_tokens)
