@@ -112,16 +112,34 @@ def _hf_model(args):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scalekit", description="Switch training optimizations on and measure them.")
     sub = p.add_subparsers(dest="command", required=True)
+    _measure_commands(sub)
+    _export_command(sub)
+    _generate_command(sub)
+    _tune_command(sub)
+    launch_commands.add_parser(sub)
+    sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
+    tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
+    tog.add_argument("name", nargs="?", default=None, metavar="NAME",
+                     help=f"one toggle: its explainer and the code it runs ({', '.join(TOGGLES)})")
+    return p
+
+
+def _toggle_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002 - argparse's own word
+    p.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]", help=help)
+
+
+def _measure_commands(sub) -> None:
+    """ladder, bench and plan: measuring (or planning) training runs."""
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
     lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
-                     help="which ladder: train (the model's optimizations, the default) or data (chapter 05's)")
+                     help="which ladder: train (the model's optimizations, the default), data (chapter 05's), "
+                          "finetune (chapter 09's) or inference (chapter 06's)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
     _generate_options(lad, ladder=True)
     bench = sub.add_parser("bench", help="measure one configuration")
     _run_options(bench)
-    bench.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
-                       help=f"switch an optimization on (repeatable): {', '.join(TOGGLES)}")
+    _toggle_option(bench, f"switch an optimization on (repeatable): {', '.join(TOGGLES)}")
     bench.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     bench.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="run it in N processes on this machine, as the ddp/fsdp toggles need (default: 1)")
@@ -129,28 +147,33 @@ def parser() -> argparse.ArgumentParser:
                        help="with --nproc-per-node: stop the processes after S seconds (default: no limit)")
     plan = sub.add_parser("plan", help="predict memory (params, grads, optimizer state, activations) and FLOPs")
     _run_options(plan)
-    plan.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
-                      help="as for bench")
+    _toggle_option(plan, "as for bench")
+
+
+def _export_command(sub) -> None:
     export = sub.add_parser("export", help="print the code that trains with these toggles in Transformers, "
                                            "Accelerate or Lightning")
     export.add_argument("target", choices=["hf", "accelerate", "lightning"], help="the framework to write code for")
     _run_options(export)
-    export.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
-                        help="as for bench")
+    _toggle_option(export, "as for bench")
     export.add_argument("--lr", type=float, default=None, help="learning rate (default: RunConfig's, 1e-3)")
     export.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="processes the framework runs in, for ddp/fsdp/deepspeed (default 1)")
+
+
+def _generate_command(sub) -> None:
     gen = sub.add_parser("generate", help="generate text from the built-in GPT and measure it (prefill, "
                                           "per-token latency, tokens/s, weight and KV-cache bytes, quality)")
     _generate_options(gen)
-    gen.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
-                     help="switch an inference optimization on (repeatable): inference_mode, kv_cache[=static], "
-                          "compile, sdpa, bf16, tf32, quantize=METHOD")
+    _toggle_option(gen, "switch an inference optimization on (repeatable): inference_mode, kv_cache[=static], "
+                        "compile, sdpa, bf16, tf32, quantize=METHOD")
     gen.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+
+
+def _tune_command(sub) -> None:
     tune = sub.add_parser("tune", help="search for the fastest configuration within a memory budget (autotune)")
     _run_options(tune)
-    tune.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]",
-                      help="start from these toggles")
+    _toggle_option(tune, "start from these toggles")
     tune.add_argument("--budget-mb", type=float, default=None, help="peak-memory budget in MiB (default: none)")
     tune.add_argument("--time-budget-s", type=float, default=300.0, help="longest the search may take (default 300)")
     tune.add_argument("--run-steps", type=int, default=1000,
@@ -163,12 +186,6 @@ def parser() -> argparse.ArgumentParser:
     tune.add_argument("--export", choices=["hf", "accelerate", "lightning"], default=None,
                       help="also print the winner as code for Transformers (TrainingArguments), Accelerate or "
                            "Lightning")
-    launch_commands.add_parser(sub)
-    sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
-    tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
-    tog.add_argument("name", nargs="?", default=None, metavar="NAME",
-                     help=f"one toggle: its explainer and the code it runs ({', '.join(TOGGLES)})")
-    return p
 
 
 GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",

@@ -286,7 +286,7 @@ class ScriptedGeneration:
         self.calls.append(dict(cfg.toggles))
         tps = 100.0
         agreement = 1.0
-        for name, value in cfg.toggles.items():
+        for name in cfg.toggles:
             tps *= self.speed.get(name, 1.0)
             agreement = min(agreement, self.agreement.get(name, 1.0))
         return GenerateResult(label=cfg.describe(), config=cfg.to_dict(), decode_tokens_per_s=tps,

@@ -277,3 +277,15 @@ def test_the_argument_and_export_modules_do_not_import_transformers():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_data_loader_fields_map_to_the_data_toggles_and_pinning_only_where_there_is_a_gpu():
+    cfg = RunConfig.from_training_arguments({"dataloader_num_workers": 3, "dataloader_drop_last": True,
+                                             "dataloader_pin_memory": True, "optim": "adamw_torch"})
+    expected = {"dataloader_num_workers": 3, "drop_last": True}
+    if torch.cuda.is_available():
+        expected["dataloader_pin_memory"] = True
+    else:  # the Trainer pins nothing on a CPU; scalekit's toggle would be refused: said, not switched on
+        assert any(n.startswith("dataloader_pin_memory=True: the Trainer pins batches only on a GPU") for n in cfg.notes)
+    assert cfg.toggles == expected
+    assert RunConfig.from_training_arguments({"dataloader_pin_memory": False, "optim": "adamw_torch"}).toggles == {}

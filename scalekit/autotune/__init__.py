@@ -20,7 +20,8 @@ from ..hardware import detect
 from ..models.families import model_adapter
 from ..plan import PlanUnavailable, estimate
 from ..toggles import TOGGLES
-from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, Search, SearchSpace, search
+from .result import TuneResult, check_arguments
+from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, SearchSpace, search
 
 __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "CHANGES", "MIN_GAIN",
            "ROUNDS"]
@@ -47,60 +48,6 @@ CHANGES: tuple[tuple[str, dict], ...] = (
 MEMORY_ONLY = ("checkpointing (to fit)", "8-bit AdamW (to fit)")  # tried only while the best is over budget
 
 
-@dataclasses.dataclass
-class TuneResult:
-    """What autotune found, with the whole search kept for the table and the plots."""
-
-    best: RunConfig
-    search: Search
-    budget_bytes: int | None
-    run_steps: int
-
-    @property
-    def path(self) -> list[Candidate]:
-        return self.search.path
-
-    @property
-    def rejected(self) -> list[Candidate]:
-        return self.search.rejected
-
-    def table(self):
-        """One row per candidate: kept or not, why, its paired speed-up and noise, tokens/s and peak."""
-        import pandas as pd
-
-        rows = [{"change": c.label, "kept": c.accepted, "speedup vs best then": c.speedup, "noise ±": c.noise,
-                 "tokens_per_s": c.tokens_per_s,
-                 "peak_mem_mb": c.peak_bytes / 2**20 if c.peak_bytes is not None else None,
-                 "compile_s": c.compile_s, "why": c.reason} for c in self.search.candidates]
-        return pd.DataFrame(rows)
-
-    def to_dict(self) -> dict:
-        s = self.search
-        return {"best": self.best.to_dict(), "best_tokens_per_s": s.best_tokens_per_s,
-                "best_peak_bytes": s.best_peak_bytes, "budget_bytes": self.budget_bytes, "run_steps": self.run_steps,
-                "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
-                "candidates": [dataclasses.asdict(c) for c in s.candidates]}
-
-    def export(self, target: str = "hf", world_size: int = 1) -> str:
-        """Python source that trains with the configuration chosen, in Transformers ('hf': its TrainingArguments),
-        Accelerate ('accelerate') or Lightning ('lightning'); what a framework has no setting for is said in
-        comments.  world_size: processes, when the winner spreads over several (ddp, fsdp)."""
-        from ..hf.export import export_code
-
-        if not isinstance(self.best, RunConfig):
-            raise ConfigError("export writes training code (TrainingArguments, Accelerate, Lightning); a generation "
-                              "configuration has no such settings: use result.best with scalekit.generate")
-        return export_code(self.best, target, world_size=world_size)
-
-    def summary(self) -> str:
-        s = self.search
-        kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
-        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "not measured")
-        stop = f"; stopped early: {s.stopped}" if s.stopped else ""
-        return (f"chose {self.best.describe()} ({speed}) after {len(s.candidates)} candidates in {s.elapsed_s:.0f} s; "
-                f"kept: {kept}{stop}")
-
-
 def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
              run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
              hw=None) -> TuneResult:
@@ -120,7 +67,7 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
     if not isinstance(config, RunConfig):
         raise ConfigError(f"autotune takes a RunConfig (training) or a GenerateConfig (generation), got "
                           f"{type(config).__name__}")
-    _check(budget_bytes, time_budget_s, run_steps, steps)
+    check_arguments(budget_bytes, time_budget_s, run_steps, steps)
     hw = hw or detect(config.device)
     stop = Deadline(time_budget_s, stop)  # a measurement under way when the budget runs out ends there
     base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
@@ -129,17 +76,6 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
                    run_steps=run_steps, stop=stop, on_candidate=on_candidate)
     best = dataclasses.replace(found.best, steps=config.steps, warmup_steps=config.warmup_steps, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
-
-
-def _check(budget_bytes, time_budget_s, run_steps, steps) -> None:
-    for name, value, integer in (("budget_bytes", budget_bytes, True), ("time_budget_s", time_budget_s, False),
-                                 ("run_steps", run_steps, True), ("steps", steps, True)):
-        if value is None and name == "budget_bytes":
-            continue
-        bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)) or not value > 0
-        if bad:
-            raise ConfigError(f"autotune: {name} must be a positive {'whole number' if integer else 'number'}, "
-                              f"got {value!r}")
 
 
 def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:

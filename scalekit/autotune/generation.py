@@ -19,6 +19,7 @@ from ..hardware import detect
 from ..inference import GenerateConfig, generate
 from ..inference.ladder import INT4_METHODS, INT8_METHODS, first_available
 from ..toggles import TOGGLES
+from .result import TuneResult, check_arguments
 from .search import Deadline, Measurement, SearchSpace, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
@@ -86,9 +87,7 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
                         stop=None, on_candidate=None, hw=None):
     """The fastest generation configuration found for `config` (see the module docstring).  Each candidate
     generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length."""
-    from . import TuneResult, _check
-
-    _check(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
+    check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
     if isinstance(min_agreement, bool) or not isinstance(min_agreement, (int, float)) or not 0 <= min_agreement <= 1:
         raise ConfigError(f"autotune: min_agreement must be a share from 0 to 1, got {min_agreement!r}")
     hw = hw or detect(config.device)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import torch
+
 from ..errors import ConfigError
 from ..toggles import TOGGLES
 from ..toggles.compile import COMPILE_MODES
@@ -146,6 +148,12 @@ def _data_in(g: dict, given: dict, toggles: dict, notes: list) -> None:
                 notes.append(f"{field}={given[field]!r} not mapped yet: scalekit has no {toggle!r} toggle")
             continue
         value = g[field]
+        if field == "dataloader_pin_memory" and value and (g["use_cpu"] or not torch.cuda.is_available()):
+            # the Trainer pins only where there is a GPU to copy batches to (torch's DataLoader does nothing
+            # on a CPU); scalekit's toggle is refused there, so it is said, not switched on
+            notes.append("dataloader_pin_memory=True: the Trainer pins batches only on a GPU, and this run has "
+                         "none; on a GPU it maps to the dataloader_pin_memory toggle")
+            continue
         if value not in (None, off, False, 0):
             toggles[toggle] = True if value is True else value
 

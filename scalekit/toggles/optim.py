@@ -92,6 +92,10 @@ def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
     """
     manager = bnb.optim.GlobalOptimManager.get_instance()
     saved = dict(manager.pid2config), dict(manager.index2config), list(manager.module_weight_config_triple)
+    # what an earlier optimizer left there is stale: index2config is keyed by (group, position) and pid2config
+    # by id(), both of which a new model's parameters reuse (a Trainer run with an 8-bit optimizer leaves its
+    # embeddings' entries behind, which would give this run's second parameter 32-bit state)
+    manager.pid2config, manager.index2config = {}, {}
     model = ctx.base_model
     embedding = getattr(getattr(model, "transformer", None), "wte", None)
     if ctx.config.custom_model or ctx.config.init != "random" or \

@@ -1,0 +1,74 @@
+"""What autotune returns: the configuration chosen, with the whole search kept for tables, plots and export."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from .search import Candidate, Search
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What autotune found, with the whole search kept for the table and the plots."""
+
+    best: RunConfig
+    search: Search
+    budget_bytes: int | None
+    run_steps: int
+
+    @property
+    def path(self) -> list[Candidate]:
+        return self.search.path
+
+    @property
+    def rejected(self) -> list[Candidate]:
+        return self.search.rejected
+
+    def table(self):
+        """One row per candidate: kept or not, why, its paired speed-up and noise, tokens/s and peak."""
+        import pandas as pd
+
+        rows = [{"change": c.label, "kept": c.accepted, "speedup vs best then": c.speedup, "noise ±": c.noise,
+                 "tokens_per_s": c.tokens_per_s,
+                 "peak_mem_mb": c.peak_bytes / 2**20 if c.peak_bytes is not None else None,
+                 "compile_s": c.compile_s, "why": c.reason} for c in self.search.candidates]
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        s = self.search
+        return {"best": self.best.to_dict(), "best_tokens_per_s": s.best_tokens_per_s,
+                "best_peak_bytes": s.best_peak_bytes, "budget_bytes": self.budget_bytes, "run_steps": self.run_steps,
+                "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
+                "candidates": [dataclasses.asdict(c) for c in s.candidates]}
+
+    def export(self, target: str = "hf", world_size: int = 1) -> str:
+        """Python source that trains with the configuration chosen, in Transformers ('hf': its TrainingArguments),
+        Accelerate ('accelerate') or Lightning ('lightning'); what a framework has no setting for is said in
+        comments.  world_size: processes, when the winner spreads over several (ddp, fsdp)."""
+        from ..hf.export import export_code
+
+        if not isinstance(self.best, RunConfig):
+            raise ConfigError("export writes training code (TrainingArguments, Accelerate, Lightning); a generation "
+                              "configuration has no such settings: use result.best with scalekit.generate")
+        return export_code(self.best, target, world_size=world_size)
+
+    def summary(self) -> str:
+        s = self.search
+        kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
+        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "not measured")
+        stop = f"; stopped early: {s.stopped}" if s.stopped else ""
+        return (f"chose {self.best.describe()} ({speed}) after {len(s.candidates)} candidates in {s.elapsed_s:.0f} s; "
+                f"kept: {kept}{stop}")
+
+
+def check_arguments(budget_bytes, time_budget_s, run_steps, steps) -> None:
+    for name, value, integer in (("budget_bytes", budget_bytes, True), ("time_budget_s", time_budget_s, False),
+                                 ("run_steps", run_steps, True), ("steps", steps, True)):
+        if value is None and name == "budget_bytes":
+            continue
+        bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)) or not value > 0
+        if bad:
+            raise ConfigError(f"autotune: {name} must be a positive {'whole number' if integer else 'number'}, "
+                              f"got {value!r}")
