@@ -14,25 +14,15 @@ The last line is `ratio=` the lowest over the families measured (with ÷ without
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
-from hf_trainer_setup import abba, torch, trainer_throughput, transformers
+from hf_trainer_setup import abba, arguments, trainer_throughput
 
 from scalekit.hf import causal_lm
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
-    parser.add_argument("--preset", default="small", help="the scalekit preset whose shape the models take")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per run")
-    parser.add_argument("--rounds", type=int, default=8)
-    a = parser.parse_args()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; "
-          f"{a.preset} shape, batch {a.batch_size} × {a.seq_len} tokens, {a.steps} measured steps, {a.rounds} rounds")
+    a = arguments(__doc__)
     lowest = float("inf")
     for family in a.families:
         shape = (causal_lm(family, a.preset), a.batch_size, a.seq_len, a.steps)

@@ -5,6 +5,7 @@ hf_callback_agreement.py and hf_callback_overhead.py import this (`python benchm
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import statistics
@@ -23,6 +24,21 @@ SEED = 1337
 LR = 1e-3
 WARMUP = 3
 LOG_EVERY = 5
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """The options both benchmarks take (the first line of `doc` describes the script), and a line saying them."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--families", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    parser.add_argument("--preset", default="small", help="the scalekit preset whose shape the models take")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per run")
+    parser.add_argument("--rounds", type=int, default=8)
+    a = parser.parse_args()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; "
+          f"{a.preset} shape, batch {a.batch_size} × {a.seq_len} tokens, {a.steps} measured steps, {a.rounds} rounds")
+    return a
 
 
 class StepClock(transformers.TrainerCallback):

@@ -20,7 +20,7 @@ from ..hardware import detect
 from ..models.families import model_adapter
 from ..plan import PlanUnavailable, estimate
 from ..toggles import TOGGLES
-from .result import TuneResult, check_arguments
+from .result import TuneResult, check_arguments, config_conflicts
 from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, SearchSpace, search
 
 __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "CHANGES", "MIN_GAIN",
@@ -90,13 +90,6 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     def available(name: str) -> tuple[bool, str]:
         return TOGGLES[name].available(hw)
 
-    def conflicts(toggles: dict) -> str | None:
-        try:
-            dataclasses.replace(base, toggles=toggles)
-        except ConfigError as exc:
-            return str(exc).split(": ", 1)[-1]
-        return None
-
     def planned_peak(cfg: RunConfig) -> int | None:
         try:
             return estimate(cfg, device=hw.device_type).peak_bytes
@@ -109,7 +102,8 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
             return Measurement(0.0, None, failed=r.error or r.status)
         return Measurement(r.tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, r.median_step_ms)
 
-    return SearchSpace(changes=changes, available=available, conflicts=conflicts, planned_peak=planned_peak,
+    return SearchSpace(changes=changes, available=available, conflicts=config_conflicts(base),
+                       planned_peak=planned_peak,
                        measure=measure, batch_sizes=lambda cfg, budget: _larger_batches(cfg, budget, planned_peak),
                        memory_only=frozenset(MEMORY_ONLY))
 

@@ -19,7 +19,7 @@ from ..hardware import detect
 from ..inference import GenerateConfig, generate
 from ..inference.ladder import INT4_METHODS, INT8_METHODS, first_available
 from ..toggles import TOGGLES
-from .result import TuneResult, check_arguments
+from .result import TuneResult, check_arguments, config_conflicts
 from .search import Deadline, Measurement, SearchSpace, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
@@ -58,13 +58,6 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
         toggle = TOGGLES[name]
         return toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
 
-    def conflicts(toggles: dict) -> str | None:
-        try:
-            dataclasses.replace(base, toggles=toggles)
-        except ConfigError as exc:
-            return str(exc).split(": ", 1)[-1]
-        return None
-
     def measure(cfg: GenerateConfig) -> Measurement:
         r = generate(cfg, stop=stop, hw=hw, catch_errors=True)
         if r.status not in ("ok", "stopped") or not r.decode_tokens_per_s:
@@ -78,7 +71,7 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
         return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
 
     return SearchSpace(changes=generation_changes(hw), available=lambda name: TOGGLES[name].available(hw),
-                       conflicts=conflicts, planned_peak=lambda cfg: None, measure=measure,
+                       conflicts=config_conflicts(base), planned_peak=lambda cfg: None, measure=measure,
                        choice_available=choice_available)
 
 

@@ -72,3 +72,17 @@ def check_arguments(budget_bytes, time_budget_s, run_steps, steps) -> None:
         if bad:
             raise ConfigError(f"autotune: {name} must be a positive {'whole number' if integer else 'number'}, "
                               f"got {value!r}")
+
+
+def config_conflicts(base):
+    """SearchSpace.conflicts for configurations like `base`: why a set of toggles cannot go together, in the
+    config's own words (its validation), or None."""
+
+    def conflicts(toggles: dict) -> str | None:
+        try:
+            dataclasses.replace(base, toggles=toggles)
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[-1]
+        return None
+
+    return conflicts

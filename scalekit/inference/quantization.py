@@ -11,18 +11,15 @@ chosen, so scalekit imports without any of them.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
-import io
-import logging
-import os
 import warnings
 from collections.abc import Callable
 
 import torch
 
 from ..models.blocks import find_blocks
+from ..optional import quiet_import
 
 # method -> (library it needs, what it does, in a line)
 METHODS: dict[str, tuple[str, str]] = {
@@ -79,23 +76,6 @@ def _installed(library: str) -> bool:
         return importlib.util.find_spec(library) is not None
     except (ImportError, ValueError):  # a module set to None in sys.modules (blocked), or a broken install
         return False
-
-
-def quiet_import(module: str, device_type: str = "cpu"):
-    """Import a quantization library without the messages it prints about optional kernels it cannot load."""
-    if module.startswith("torchao") and device_type == "cpu":
-        # its GPU extensions (.so) cannot load on a CPU machine and say so at import: skip them there
-        os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    pytree_log = logging.getLogger("torch.utils._pytree")  # torchao registers an enum torch warns about
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(module)
-    finally:
-        pytree_log.setLevel(level)
 
 
 def target_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:

@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
-import logging
-import os
-import warnings
 
 from ..errors import ToggleUnavailable
 from ..models.blocks import block_linears, is_conv1d
+from ..optional import quiet_import
 from .base import BuildContext
 from .counted import CountToggle
 
 
 def import_peft():
-    # peft imports torchao when it is installed, whose compiled extensions print load messages on a CPU and
-    # whose enums make torch log deprecation notes: none of it concerns the user
-    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import peft
-    finally:
-        pytree_log.setLevel(level)
-    return peft
-
+    return quiet_import("peft")
 
 def peft_available() -> tuple[bool, str]:
     if importlib.util.find_spec("peft") is None:
