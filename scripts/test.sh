@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build.
-python3 -m pip install --quiet "torch==2.13.0"
-python3 -m pip install --quiet -e ".[test]"
+# Pinned in the same install as scalekit, so that no dependency (torchao, peft, transformers, ...) can move it.
+python3 -m pip install --quiet "torch==2.13.0" -e ".[test]"
 
 # The browser test drives Debian's Chromium through Playwright (no browser download).
 if ! command -v chromium >/dev/null 2>&1; then
