@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -15,6 +16,10 @@ def pytest_collection_modifyitems(config, items):
     # Tests that fork ranks go first: scalekit.launch rightly refuses to fork once this process has imported
     # bitsandbytes or initialised CUDA, which later tests (8-bit optimizers, GPU runs) do.
     items.sort(key=lambda item: not item.path.name.startswith(FORKING_MODULES))  # stable: order kept within
+    if "bitsandbytes" in sys.modules and any(item.path.name.startswith(FORKING_MODULES) for item in items):
+        raise pytest.UsageError("a test module imported bitsandbytes while being collected (peft, transformers' "
+                                "TrainingArguments and TrainerCallback import it too), so the forking tests "
+                                "cannot fork: import those inside the tests that use them")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (torch sees no CUDA device)")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
     for item in items:
