@@ -136,7 +136,8 @@ def planner(dry_run: bool) -> dict:
         e = estimate(cfg, device=device)
         err = 100 * (e.peak_bytes - r.peak_mem_bytes) / r.peak_mem_bytes
         errors.append(abs(err))
-        rows.append({"config": label, "planned_mb": _mb(e.peak_bytes), "measured_mb": _mb(r.peak_mem_bytes),
+        rows.append({"config": label, "status": r.status, "planned_mb": _mb(e.peak_bytes),
+                     "measured_mb": _mb(r.peak_mem_bytes),
                      "error_%": err, "source": r.mem_source})
     claims = {"planner_error": f"largest |error| {max(errors):.1f}% over {len(errors)} configs" if errors else None}
     return {"tables": [_table(f"planner vs measured, {preset}, {device}", rows)], "claims": claims}

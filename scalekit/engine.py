@@ -329,6 +329,9 @@ def plain_error(exc: BaseException) -> str:
         text = f"{text.rstrip('.')}: {lines[-1].strip()}"
     if is_out_of_memory(exc):
         return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
+    if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
+        # torch says one or the other, depending on which of its checks sees the dead worker first
+        return f"a data-loader worker process died (killed, or it crashed outside Python): {text[:300]}"
     if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:
         return f"torch.compile failed: {type(exc).__name__}: {text[:300]}"
     return f"{type(exc).__name__}: {text[:300]}"

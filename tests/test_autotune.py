@@ -324,3 +324,21 @@ def test_generation_autotune_names_bad_arguments():
         autotune_generation(GenerateConfig(device="cpu"), min_agreement=2)
     with pytest.raises(ConfigError, match="autotune takes a RunConfig .* or a GenerateConfig"):
         autotune("tiny")
+
+
+def test_a_best_that_fails_when_measured_again_is_said_not_divided_by():
+    machine = Machine(speed={"bf16": 1.5})
+    calls = []
+    measure = machine.measure
+
+    def flaky(cfg):  # the start runs once, then fails every time it is measured beside a candidate
+        calls.append(dict(cfg.toggles))
+        if not cfg.toggles and len(calls) > 1:
+            return Measurement(0.0, None, failed="stopped")
+        return measure(cfg)
+
+    space = dataclasses.replace(machine.space([("bf16", {"bf16": True})]), measure=flaky)
+    result = search(START, space)
+    (candidate,) = result.candidates
+    assert not candidate.accepted and candidate.reason.startswith("not measured: the best so far failed")
+    assert result.best.toggles == START.toggles

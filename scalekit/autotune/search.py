@@ -225,6 +225,9 @@ def _measured(c: Candidate, cfg, best, result: Search, space: SearchSpace, budge
         pair = (best, cfg) if k % 2 == 0 else (cfg, best)  # alternate who goes first
         a, b = (space.measure(x) for x in pair)
         base, cand = (a, b) if k % 2 == 0 else (b, a)
+        if base.failed:  # the best so far did not run again (or was stopped before it measured anything)
+            c.reason = f"not measured: the best so far failed when measured beside it: {base.failed}"
+            return best
         if cand.failed or cand.refused:
             c.reason = f"failed: {cand.failed}" if cand.failed else f"refused: {cand.refused}"
             return best
