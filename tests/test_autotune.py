@@ -342,3 +342,14 @@ def test_a_best_that_fails_when_measured_again_is_said_not_divided_by():
     (candidate,) = result.candidates
     assert not candidate.accepted and candidate.reason.startswith("not measured: the best so far failed")
     assert result.best.toggles == START.toggles
+
+
+def test_a_change_that_does_nothing_for_this_data_is_not_measured():
+    from scalekit.autotune import machine_space
+
+    space = machine_space(START, CPU)  # data 'auto' → the pre-tokenized corpus: nothing to make faster there
+    ok, why = space.available("training_format")
+    assert not ok and "changes nothing for data='shakespeare'" in why
+    assert not space.available("vectorized_transforms")[0]
+    raw = machine_space(dataclasses.replace(START, data="shakespeare-raw"), CPU)
+    assert raw.available("training_format")[0] and raw.available("vectorized_transforms")[0]

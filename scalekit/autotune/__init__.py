@@ -87,8 +87,12 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
                and not (base.custom_model and not all(TOGGLES[n].applies_to(adapter)[0] for n in t))
                and not ("fp16" in t and bf16_here)]  # fp16 is what to try where bf16 is not
 
+    resolved = base.resolve(hw)
+
     def available(name: str) -> tuple[bool, str]:
-        return TOGGLES[name].available(hw)
+        ok, why = TOGGLES[name].available(hw)
+        nothing = TOGGLES[name].changes_nothing(resolved) if ok else None
+        return (False, nothing) if nothing else (ok, why)
 
     def planned_peak(cfg: RunConfig) -> int | None:
         try:

@@ -140,6 +140,11 @@ class Toggle:
         toggles that need several processes); the same answer for toggles that do not."""
         return self.available(hw)
 
+    def changes_nothing(self, cfg: Any) -> str | None:
+        """Why switching this on would change nothing for the (resolved) RunConfig `cfg`, or None when it acts;
+        e.g. a data toggle on data it does not touch.  Autotune does not spend time measuring such a change."""
+        return None
+
     def applies_to(self, adapter: Any) -> tuple[bool, str]:
         """Whether it applies to a model other than the built-in GPT (RunConfig.model): `adapter` is that model's
         family adapter (scalekit.models.adapter.ModelAdapter), or None for a plain nn.Module; (False, why) if not,

@@ -14,10 +14,16 @@ class TrainingFormat(Toggle):
     phase = "data"
     gpt_only = True  # the built-in corpus's pipeline
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data != "shakespeare-raw":
+            why = "it already reads the training format" if cfg.data == "shakespeare" else "no raw text is read"
+            return f"training_format changes nothing for data={cfg.data!r}: {why}"
+        return None
+
     def apply(self, ctx: BuildContext, value) -> None:
-        if ctx.config.data != "shakespeare-raw":
-            ctx.notes.append(f"training_format changes nothing for data={ctx.config.data!r}: "
-                             f"{'it already reads the training format' if ctx.config.data == 'shakespeare' else 'no raw text is read'}")
+        nothing = self.changes_nothing(ctx.config)
+        if nothing:
+            ctx.notes.append(nothing)
             return
         # the same windows, in the same order: scalekit.data.raw.TokenFile reads them from
         # scalekit.data.load_tokens() (built once, atomically, and checked against its checksum)

@@ -14,10 +14,16 @@ class VectorizedTransforms(Toggle):
     phase = "data"
     gpt_only = True  # the built-in corpus's pipeline
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data != "shakespeare-raw" or not cfg.transform_rounds:
+            return ("vectorized_transforms changes nothing here: this data has no per-sample transform "
+                    "(data='shakespeare-raw' with transform_rounds > 0 has one)")
+        return None
+
     def apply(self, ctx: BuildContext, value) -> None:
-        if ctx.config.data != "shakespeare-raw" or not ctx.config.transform_rounds:
-            ctx.notes.append("vectorized_transforms changes nothing here: this data has no per-sample transform "
-                             "(data='shakespeare-raw' with transform_rounds > 0 has one)")
+        nothing = self.changes_nothing(ctx.config)
+        if nothing:
+            ctx.notes.append(nothing)
             return
         # the collate function (scalekit.data.raw.Collate) then calls noise_batch on the stacked batch,
         # in the worker processes when there are workers; samples are no longer noised one by one
