@@ -103,10 +103,15 @@ REQUIRES: tuple[tuple[str, str | tuple[str, ...], str], ...] = (
 
 
 def apply_toggles(ctx: BuildContext, phase: str, toggles: dict, loop: str = "train") -> None:
-    """Apply the chosen `toggles` that act at `phase` in `loop`, in ORDER."""
+    """Apply the chosen `toggles` that act at `phase` in `loop`, in ORDER; one that says it changes nothing for
+    this configuration (Toggle.changes_nothing) is not applied, and the run's notes say why."""
     assert phase in PHASES, phase
     for toggle in ORDER:
         if toggle.phase == phase and toggle.name in toggles and loop in toggle.loops:
+            nothing = toggle.changes_nothing(ctx.config)
+            if nothing:
+                ctx.notes.append(nothing)
+                continue
             toggle.apply(ctx, toggles[toggle.name])
 
 

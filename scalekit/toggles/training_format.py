@@ -21,10 +21,6 @@ class TrainingFormat(Toggle):
         return None
 
     def apply(self, ctx: BuildContext, value) -> None:
-        nothing = self.changes_nothing(ctx.config)
-        if nothing:
-            ctx.notes.append(nothing)
-            return
         # the same windows, in the same order: scalekit.data.raw.TokenFile reads them from
         # scalekit.data.load_tokens() (built once, atomically, and checked against its checksum)
         ctx.read_training_format = True

@@ -21,10 +21,6 @@ class VectorizedTransforms(Toggle):
         return None
 
     def apply(self, ctx: BuildContext, value) -> None:
-        nothing = self.changes_nothing(ctx.config)
-        if nothing:
-            ctx.notes.append(nothing)
-            return
         # the collate function (scalekit.data.raw.Collate) then calls noise_batch on the stacked batch,
         # in the worker processes when there are workers; samples are no longer noised one by one
         ctx.batch_transforms = True
