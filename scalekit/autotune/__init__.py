@@ -69,7 +69,7 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
                           f"{type(config).__name__}")
     check_arguments(budget_bytes, time_budget_s, run_steps, steps)
     hw = hw or detect(config.device)
-    stop = Deadline(time_budget_s, stop)  # a measurement under way when the budget runs out ends there
+    stop = Deadline(time_budget_s, stop)  # a measurement under way ends before the budget runs out
     base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
     space = machine_space(base, hw, stop)
     found = search(base.resolve(hw), space, budget_bytes=budget_bytes, time_budget_s=time_budget_s,

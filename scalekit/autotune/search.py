@@ -21,6 +21,7 @@ from typing import Any
 
 MIN_GAIN = 0.02  # a change must be at least 2% faster to be kept, whatever the noise
 ROUNDS = 2  # paired rounds per candidate: best then candidate, then candidate then best
+DEADLINE_MARGIN = 0.05  # a measurement under way is stopped this share of the time budget before its end
 
 
 @dataclass
@@ -40,7 +41,9 @@ class Deadline:
     step) end at the time budget instead of overrunning it by a candidate.  `why` says which it was."""
 
     def __init__(self, seconds: float, stop=None, clock=time.monotonic):
-        self.end, self.stop, self.clock = clock() + seconds, stop, clock
+        # set a little early: a run checks its stop flag once a step, and then ends (its last step, its
+        # clean-up), so the search as a whole still ends inside `seconds`
+        self.end, self.stop, self.clock = clock() + seconds - min(10.0, DEADLINE_MARGIN * seconds), stop, clock
         self.seconds = seconds
 
     def is_set(self) -> bool:
