@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
+from .checks import check_bool, check_device, check_label, int_in
 from .errors import ConfigError, ToggleUnavailable
 from .models.families import model_adapter
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
-from .toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
+from .toggles import TOGGLES, check_combination, normalise
 
 PRESET_NAMES = ("auto", *PRESETS)
 
@@ -88,7 +89,7 @@ class RunConfig:
     """With eval_every: tokens of a greedy sample each evaluation writes (built-in GPT on the shipped corpus)."""
 
     def __post_init__(self) -> None:
-        self.toggles = _normalise_toggles(self.toggles)
+        self.toggles = normalise(self.toggles)
         self.validate()
 
     # -- validation --------------------------------------------------------------------------------
@@ -100,21 +101,15 @@ class RunConfig:
             value = getattr(self, name)
             if value is None and name in ("batch_size", "seq_len"):
                 continue
-            _int_in(name, value, low, high)
+            int_in("RunConfig", name, value, low, high)
         if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not (LR_RANGE[0] <= self.lr <= LR_RANGE[1]):
             raise ConfigError(f"RunConfig.lr must be a number from {LR_RANGE[0]:g} to {LR_RANGE[1]:g} (AdamW learning "
                               f"rates are around 1e-4 to 1e-2), got {self.lr!r}")
         for name in ("measure_memory", "check_memory"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"RunConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()
-                                       or len(self.label) > 200 or not self.label.isprintable()):
-            raise ConfigError(f"RunConfig.label must be None or a printable name of 1 to 200 characters, "
-                              f"got {self.label!r}")
+            check_bool("RunConfig", name, getattr(self, name))
+        check_label("RunConfig", self.label)
         self._validate_data()
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
-                                                    or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
-            raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check_device("RunConfig", self.device)
         if self.peak_tflops is not None and (isinstance(self.peak_tflops, bool) or not isinstance(
                 self.peak_tflops, numbers.Real) or not (0 < self.peak_tflops <= 1e5)):
             raise ConfigError(f"RunConfig.peak_tflops must be a positive number of TFLOP/s (at most 1e5) or None, "
@@ -123,7 +118,7 @@ class RunConfig:
             raise ConfigError(f"RunConfig.notes must be a tuple of strings, got {self.notes!r}")
         self._validate_model()
         self._validate_init()
-        self._validate_toggle_pairs()
+        check_combination(self.toggles)
         self._validate_loops()
 
     def _validate_data(self) -> None:
@@ -133,7 +128,7 @@ class RunConfig:
                               f"{_allowed(('auto', *DATA_SOURCES))}")
         if self.transform_rounds is None:
             return
-        _int_in("transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
+        int_in("RunConfig", "transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
         if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
             _transform_without_raw(self.data)
 
@@ -172,16 +167,6 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.adapter_targets must be None or a non-empty list of linear layer "
                                   f"names (e.g. ['c_attn', 'c_fc']), got {targets!r}")
             self.adapter_targets = tuple(targets)
-
-    def _validate_toggle_pairs(self) -> None:
-        for a, b, why in EXCLUSIVE:
-            if a in self.toggles and b in self.toggles:
-                raise ConfigError(f"RunConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
-        for a, needs, why in REQUIRES:
-            options = (needs,) if isinstance(needs, str) else needs  # one toggle, or any one of several
-            if a in self.toggles and not any(b in self.toggles for b in options):
-                said = " or ".join(repr(b) for b in options)
-                raise ConfigError(f"RunConfig.toggles: {a!r} needs {said} on too: {why}")
 
     def _validate_loops(self) -> None:
         """Toggles that apply to generation only act on a training run's evaluation (eval_every); none may
@@ -293,30 +278,3 @@ TRANSFORM_ROUNDS_RANGE = (0, 100_000)
 def _transform_without_raw(data: str) -> None:
     raise ConfigError(f"RunConfig.transform_rounds sets the cost of the per-sample transform of "
                       f"data='shakespeare-raw'; data={data!r} has no such transform: leave it None")
-
-
-def _int_in(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
-        kind = "a positive integer" if low == 1 else ("an integer >= 0" if high < 2**62 else "an integer")
-        raise ConfigError(f"RunConfig.{name} must be {kind} from {low} to {high:,}, got {value!r}")
-
-
-def _normalise_toggles(toggles: Any) -> dict[str, Any]:
-    """Names or {name: value} → {name: validated value}, in application order."""
-    if isinstance(toggles, str):
-        toggles = [toggles]
-    if isinstance(toggles, Mapping):
-        items = list(toggles.items())
-    elif isinstance(toggles, (list, tuple, set, frozenset)):
-        items = [(name, True) for name in toggles]
-    else:
-        raise ConfigError(f"RunConfig.toggles must be a list of toggle names or a {{name: value}} dict, "
-                          f"got {type(toggles).__name__}")
-    chosen: dict[str, Any] = {}
-    for name, value in items:
-        if not isinstance(name, str) or name not in TOGGLES:
-            raise ConfigError(f"RunConfig.toggles: unknown toggle {name!r}; allowed: {_allowed(TOGGLES)}")
-        if value is False or value is None:
-            continue  # "off" is simply not building it in
-        chosen[name] = TOGGLES[name].validate(value)
-    return {t.name: chosen[t.name] for t in ORDER if t.name in chosen}

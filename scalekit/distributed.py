@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .checks import micro_batch_rows
 from .errors import ConfigError
 from .measure.memory import LiveTensorBytes
 from .measure.results import RunResult
@@ -99,9 +100,7 @@ def setup(hw, stack, batch_size: int) -> Ranks:
         owns = True
         stack.push(_destroy_group)
     ranks = Ranks(dist.get_rank(), dist.get_world_size(), dist.get_backend(), owns)
-    if batch_size % ranks.world_size:
-        raise ConfigError(f"RunConfig.batch_size ({batch_size}) must be divisible by the number of ranks "
-                          f"({ranks.world_size}): each rank trains on batch_size / ranks sequences")
+    micro_batch_rows(batch_size, ranks.world_size)
     return ranks
 
 
@@ -152,8 +151,7 @@ def shard_batches(batches: Iterator, batch_size: int) -> Iterator:
     if not group_alive() or dist.get_world_size() == 1:
         return batches
     r, w = dist.get_rank(), dist.get_world_size()
-    if batch_size % w:
-        raise ConfigError(f"RunConfig.batch_size ({batch_size}) must be divisible by the number of ranks ({w})")
+    micro_batch_rows(batch_size, w)
     return (_rows(batch, r, w) for batch in batches)
 
 
@@ -164,10 +162,7 @@ def _rows(batch, r: int, w: int):
 
 def adopt(ranks: Ranks, ctx, result: RunResult) -> None:
     """Per-rank accounting: this rank's tokens and FLOPs per step are its share of the global batch's."""
-    per_rank = ctx.config.batch_size // ranks.world_size
-    if per_rank % ctx.grad_accum_steps:
-        raise ConfigError(f"RunConfig.batch_size / ranks ({per_rank}) must be divisible by the gradient "
-                          f"accumulation steps ({ctx.grad_accum_steps})")
+    micro_batch_rows(ctx.config.batch_size, ranks.world_size, ctx.grad_accum_steps)
     result.tokens_per_step //= ranks.world_size
     if result.flops_per_step:
         result.flops_per_step /= ranks.world_size

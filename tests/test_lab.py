@@ -20,7 +20,7 @@ pytest.importorskip("plotly", reason="the Lab needs plotly (a scalekit dependenc
 import ipywidgets as w  # noqa: E402
 
 from scalekit import ConfigError, Lab, RunConfig, detect, run  # noqa: E402
-from scalekit.toggles import EXCLUSIVE, ORDER, TOGGLES  # noqa: E402
+from scalekit.toggles import ORDER, TOGGLES, exclusions  # noqa: E402
 from scalekit.toggles.base import Toggle  # noqa: E402
 from scalekit.widgets.panel import TogglePanel  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_panel_has_one_control_per_toggle_from_order(cpu):
         if len(control.names) == 1:
             toggle = TOGGLES[control.names[0]]
             assert isinstance(control.widget, w.Checkbox if toggle.choices is None else w.Dropdown)
-    pairs = {frozenset((a, b)) for a, b, _ in EXCLUSIVE}
+    pairs = {frozenset((a, b)) for a, b, _ in exclusions()}
     for control in lab.controls.values():  # one control holds only toggles that all exclude each other
         assert all(frozenset((a, b)) in pairs for a in control.names for b in control.names if a != b)
     assert lab.controls["precision"].names == ("bf16", "fp16")
@@ -130,7 +130,7 @@ def test_toggles_with_modes_get_dropdowns_built_generically(cpu):
         name, summary, group, phase = "replicate_probe", "replicate", "parallel", "wrap"
 
     toggles = (*ORDER, Accumulate(), Sharded(), Replicated())
-    panel = TogglePanel(cpu, toggles=toggles, exclusive=(*EXCLUSIVE, ("shard_probe", "replicate_probe", "")))
+    panel = TogglePanel(cpu, toggles=toggles, exclusive=(*exclusions(), ("shard_probe", "replicate_probe", "")))
     control = panel.controls["accum_probe"]
     assert isinstance(control.widget, w.Dropdown)
     assert [v for _, v in control.widget.options] == ["off", 2, 4, 8]

@@ -11,15 +11,14 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig, _normalise_toggles
+from ..checks import check_bool, check_device, check_label, int_in
 from ..data import CharTokenizer, corpus_text
 from ..errors import ConfigError, ToggleUnavailable
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
-from ..toggles import EXCLUSIVE, ORDER, REQUIRES, TOGGLES
+from ..toggles import TOGGLES, check_combination, normalise
 
 MODEL_NAMES = (*PRETRAINED_NAMES, *PRESETS)  # the shipped model(s), then the presets (random weights)
-GENERATE_TOGGLES = tuple(t.name for t in ORDER if "generate" in t.loops)
 MAX_PROMPTS = 4096
 
 
@@ -61,7 +60,8 @@ class GenerateConfig:
     """Name of the run in tables and plots (None: made from the toggles)."""
 
     def __post_init__(self) -> None:
-        self.toggles = _generate_toggles(self.toggles)
+        self.toggles = normalise(self.toggles, "GenerateConfig", loop="generate")
+        check_combination(self.toggles, "GenerateConfig")
         if isinstance(self.prompts, str):
             self.prompts = [self.prompts]
         elif isinstance(self.prompts, Sequence):
@@ -77,19 +77,17 @@ class GenerateConfig:
         self._validate_model()
         self._validate_prompts()
         for name, (low, high) in INT_RANGES.items():
-            _int_in(name, getattr(self, name), low, high)
+            int_in("GenerateConfig", name, getattr(self, name), low, high)
         if self.top_k is not None:
-            _int_in("top_k", self.top_k, 1, 2**31)
+            int_in("GenerateConfig", "top_k", self.top_k, 1, 2**31)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) \
                 or not 0 <= self.temperature <= 100:
             raise ConfigError(f"GenerateConfig.temperature must be a number from 0 (greedy) to 100, "
                               f"got {self.temperature!r}")
         for name in ("quality", "measure_memory"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"GenerateConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        # the device and label follow RunConfig's rules (and its messages, renamed)
-        with _renamed():
-            RunConfig(device=self.device, label=self.label)
+            check_bool("GenerateConfig", name, getattr(self, name))
+        check_device("GenerateConfig", self.device)
+        check_label("GenerateConfig", self.label)
         self._validate_lengths()
 
     def _validate_model(self) -> None:
@@ -202,11 +200,6 @@ INT_RANGES = {
 }
 
 
-def _int_in(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
-        raise ConfigError(f"GenerateConfig.{name} must be an integer from {low} to {high:,}, got {value!r}")
-
-
 @functools.lru_cache(maxsize=1)
 def corpus_tokenizer():
     """The shipped corpus' character tokenizer (the shipped model's), made once."""
@@ -217,35 +210,3 @@ def _is_builtin_gpt(model) -> bool:
     from ..models.gpt import GPT
 
     return isinstance(model, GPT)
-
-
-class _renamed:
-    """Re-raise a RunConfig error about a field GenerateConfig shares as GenerateConfig's."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, ConfigError) and "RunConfig." in str(exc):
-            raise type(exc)(str(exc).replace("RunConfig.", "GenerateConfig.")) from None
-        return False
-
-
-def _generate_toggles(toggles: Any) -> dict[str, Any]:
-    """Names or {name: value} → {name: validated value} in application order; training-only ones refused."""
-    if isinstance(toggles, str):
-        toggles = [toggles]
-    names = list(toggles) if isinstance(toggles, (Mapping, list, tuple, set, frozenset)) else []
-    for name in names:
-        if isinstance(name, str) and name in TOGGLES and "generate" not in TOGGLES[name].loops:
-            raise ConfigError(f"GenerateConfig.toggles: {name!r} applies to training, not to generation; "
-                              f"generation toggles: {', '.join(GENERATE_TOGGLES)}")
-    with _renamed():
-        chosen = _normalise_toggles(toggles)
-    for a, b, why in EXCLUSIVE:
-        if a in chosen and b in chosen:
-            raise ConfigError(f"GenerateConfig.toggles: {a!r} and {b!r} cannot be on together: {why}")
-    for a, b, why in REQUIRES:
-        if a in chosen and b not in chosen:
-            raise ConfigError(f"GenerateConfig.toggles: {a!r} needs {b!r} on too: {why}")
-    return chosen

@@ -8,7 +8,8 @@ Two methods, one answer shape (`Estimate`):
 - any other model is planned by tracing one training step on fake tensors (`plan.traced`), with the
   same accounting the engine uses to measure a CPU run's peak.
 A run spread over ranks is planned per rank (`plan.ranks`).  Every toggle is either part of the
-prediction or named in a note saying what the plan leaves out: none is silently ignored.
+prediction (it tells the planner what it changes: Toggle.plan, read into PlanFacts) or says in its
+`plan_note` what the plan leaves out: none is silently ignored, and the planner names no toggle.
 """
 
 from __future__ import annotations
@@ -19,48 +20,23 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from .. import distributed
+from ..checks import micro_batch_rows
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..hardware import detect, gpu_count_without_cuda_init
 from ..models import GPT
 from ..models.blocks import block_linears
 from ..models.presets import PRESETS
-from ..toggles import BuildContext, apply_toggles
-from ..toggles.grad_accum import divisors
-from .estimate import FP32, Estimate
+from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles
+from .estimate import Estimate
 from .gpt import gpt_estimate
-from .ranks import SPREAD, per_rank
+from .ranks import per_rank
 from .traced import PlanUnavailable, planning_hardware, traced_estimate
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# Toggles the prediction itself accounts for.
-MODELLED = ("bf16", "fp16", "sdpa", "nice_numbers", "optim", "checkpointing", "fused_adamw", "grad_accum",
-            "head_only", "lora", "dora", "quantized_base")
-# Toggles only the traced planner models (the built-in GPT's analytic plan has no adapters or quantized base).
-TRACED_ONLY = ("head_only", "lora", "dora", "quantized_base")
-# What the plan says about the others (the distributed ones are planned per rank, see plan.ranks).
-NOTES = {
-    "tf32": "tf32 changes how matmuls round, not the size of any tensor",
-    "compile": "compile fuses ops and can keep less; this plan is for eager execution",
-    "drop_last": "drop_last changes which samples an epoch sees, not a step's memory",
-    "empty_cache_steps": "empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated",
-    # generation toggles: in a training run they act on the evaluation between steps (eval_every), not a step
-    "inference_mode": "inference_mode applies to the evaluation (eval_every), not to a training step",
-    "kv_cache": "kv_cache applies to the evaluation's sample (eval_every), not to a training step",
-    "quantize": "quantize applies to generation only (scalekit.generate): it never runs in a training step",
-    "training_format": "training_format changes where the input pipeline reads its tokens, not a step's memory",
-    "vectorized_transforms": "vectorized_transforms changes how the input pipeline transforms a batch (its "
-                             "temporaries are the size of one batch), not a step's memory",
-    "dataloader_num_workers": "dataloader_num_workers adds worker processes, each with its own memory (a few "
-                              "batches in flight and a copy-on-write view of the dataset), outside this plan",
-    "dataloader_pin_memory": "dataloader_pin_memory keeps a few batches in pinned host memory, not device memory",
-    "non_blocking": "non_blocking changes when the copy of a batch to the device runs, not its size",
-    "data_echo": "data_echo repeats batches; a step's memory is the same",
-}
-
-__all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "MODELLED", "NOTES", "SPREAD"]
+__all__ = ["Estimate", "estimate", "check_fits", "planned_vs_measured", "plan_facts"]
 
 
 def estimate(config: RunConfig, device: str | None = None, world_size: int | None = None) -> Estimate:
@@ -72,19 +48,26 @@ def estimate(config: RunConfig, device: str | None = None, world_size: int | Non
     """
     device_type = _device_type(config, device)
     cfg = config.resolve(SimpleNamespace(device_type=device_type))  # planning needs only the kind of device
-    spread = [n for n in cfg.toggles if n in SPREAD]
+    spread = [n for n in cfg.toggles if TOGGLES[n].needs_process_group]
     world = _world_size(world_size) if spread else 1
-    local = _one_rank(cfg, world, spread)
-    if cfg.custom_model or any(n in TRACED_ONLY for n in cfg.toggles):
-        single = traced_estimate(local, device_type, cfg.label, _quantized_shapes(local, device_type))
+    facts = plan_facts(cfg.toggles, world)
+    local = _one_rank(cfg, world, spread, facts.micro_batches)
+    if cfg.custom_model or not facts.analytic:
+        single = traced_estimate(local, facts, device_type, cfg.label, _quantized_shapes(local, facts, device_type))
     else:
-        single = gpt_estimate(local, _gpt_config(local, device_type), device_type, cfg.label)
+        single = gpt_estimate(local, facts, _gpt_config(local, device_type), device_type, cfg.label)
     if spread:
-        # the sharding wrappers gather weights in the precision toggle's dtype
-        half = "bf16" in cfg.toggles and ("fsdp" in cfg.toggles or "deepspeed" in cfg.toggles)
-        single = per_rank(single, cfg.toggles, world, 2 if half else FP32, device_type == "cuda")
-    single.notes.extend(NOTES[n] for n in cfg.toggles if n in NOTES)
+        single = per_rank(single, facts, world, device_type == "cuda")
+    single.notes.extend(TOGGLES[n].plan_note for n in cfg.toggles if TOGGLES[n].plan_note)
     return single
+
+
+def plan_facts(toggles: dict, world_size: int = 1) -> PlanFacts:
+    """What `toggles` change in a step's memory, as each toggle tells it (Toggle.plan)."""
+    facts = PlanFacts(world_size=world_size)
+    for name, value in toggles.items():
+        TOGGLES[name].plan(facts, value)
+    return facts
 
 
 def _device_type(config: RunConfig, device: str | None) -> str:
@@ -102,25 +85,17 @@ def _world_size(world_size) -> int:
     return world_size
 
 
-def _one_rank(cfg: RunConfig, world: int, spread: list[str]) -> RunConfig:
+def _one_rank(cfg: RunConfig, world: int, spread: list[str], micro_batches: int) -> RunConfig:
     """The config one rank runs, as a single process: its slice of the batch, no distributed toggle."""
-    k = cfg.toggles.get("grad_accum", 1)
-    if cfg.batch_size % world:
-        raise ConfigError(f"RunConfig.batch_size ({cfg.batch_size}) must be divisible by the number of ranks "
-                          f"({world}): each rank trains on batch_size / ranks sequences")
-    if (cfg.batch_size // world) % k:
-        per_rank = cfg.batch_size // world
-        what = f"batch_size / ranks ({per_rank})" if world > 1 else f"batch_size={cfg.batch_size}"
-        raise ConfigError(f"RunConfig.toggles['grad_accum']={k} must divide {what} (each micro-batch is "
-                          f"batch_size/k sequences); allowed here: {', '.join(map(str, divisors(per_rank)))}")
+    micro_batch_rows(cfg.batch_size, world, micro_batches)
     toggles = {n: v for n, v in cfg.toggles.items() if n not in spread}
     return dataclasses.replace(cfg, batch_size=cfg.batch_size // world, toggles=toggles)
 
 
-def _quantized_shapes(cfg: RunConfig, device_type: str) -> list[tuple[int, int]] | None:
-    """(out, in) of each weight quantized_base would quantize: the adapter targets, read off the model built
+def _quantized_shapes(cfg: RunConfig, facts: PlanFacts, device_type: str) -> list[tuple[int, int]] | None:
+    """(out, in) of each weight of the frozen base held quantized: the adapter targets, read off the model built
     on the meta device."""
-    if "quantized_base" not in cfg.toggles:
+    if facts.quantized_base is None:
         return None
     import torch
 

@@ -162,21 +162,21 @@ def backward_peak_bytes(s: Shape, groups, layer: int, head: int, weights_16bit: 
     return peak
 
 
-def gpt_estimate(cfg, gpt_config: GPTConfig, device_type: str, label: str) -> Estimate:
+def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str) -> Estimate:
     """Params, grads, optimizer state, activations, the peak and the FLOPs of one step of the built-in GPT.
 
-    `cfg` is resolved; `gpt_config` is the GPT it builds (after the architecture toggles).
+    `cfg` is resolved; `facts` (scalekit.toggles.PlanFacts) is what its toggles change in memory; `gpt_config`
+    is the GPT it builds (after the architecture toggles).
     """
-    toggles = cfg.toggles
     cuda = device_type == "cuda"
-    k = toggles.get("grad_accum", 1)
+    k = facts.micro_batches
     s = Shape(gpt_config.n_layer, gpt_config.n_head, gpt_config.n_embd, gpt_config.vocab_size,
               gpt_config.embedding_rows, gpt_config.block_size, cfg.batch_size // k, cfg.seq_len)
-    optim = toggles.get("optim") or ("adamw_torch_fused" if "fused_adamw" in toggles else "adamw_torch")
+    optim = facts.optimizer
     stable = optim in EIGHT_BIT  # the GPT's embedding becomes a StableEmbedding
     shapes = model_shapes(gpt_config, stable)
     sdpa = gpt_config.attention == "sdpa"
-    act = 2 if ("bf16" in toggles or "fp16" in toggles) else FP32
+    act = facts.activation_bytes
 
     sizes = [math.prod(shape) for shape in shapes.param_shapes]
     params = shapes.n_params * FP32 + shapes.buffer_bytes
@@ -186,7 +186,7 @@ def gpt_estimate(cfg, gpt_config: GPTConfig, device_type: str, label: str) -> Es
     layer = layer_activation_bytes(s, act, sdpa, cuda)
     head = head_activation_bytes(s, act, stable)
     weights_16bit = shapes.linear_weights * act if act != FP32 else 0  # autocast's cached 16-bit weight copies
-    groups = block_groups(s.n_layer, toggles.get("checkpointing"))
+    groups = block_groups(s.n_layer, facts.checkpointing)
     saved = head + weights_16bit + sum((s.tokens * s.d * FP32) if c else n * layer for n, c in groups)
     block_grads = shapes.block_params * FP32
     backward = backward_peak_bytes(s, groups, layer, head, weights_16bit, grads_before=grads if k > 1 else 0,

@@ -1,7 +1,8 @@
-"""Per-rank figures for a run spread over ranks (ddp, fsdp, cpu_offload, deepspeed).
+"""Per-rank figures for a run spread over ranks (the toggles that need a process group).
 
 The planner first plans one rank's step as a single process: the rank's slice of the batch, no
-distributed toggle.  Then it moves the parts each strategy moves:
+distributed toggle.  Then it moves the parts the toggles say they move (their `plan` sets PlanFacts'
+`sharded`, `offloaded`, `gathers_blocks` and `grad_buckets`), as each strategy does:
 - DDP keeps everything on every rank, plus its gradient buckets: a flat copy of every gradient
   (`gradient_as_bucket_view=False`, DDP's default).
 - FSDP2 keeps 1/W of the weights, gradients and optimizer state, and gathers one block's full weights at
@@ -18,7 +19,7 @@ import dataclasses
 
 from .estimate import FP32, Estimate
 
-SPREAD = ("ddp", "fsdp", "cpu_offload", "deepspeed")  # toggles that spread a run over ranks
+PARTS = ("params", "grads", "state")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,55 +33,25 @@ class Parts:
         return self.params + self.grads + self.state
 
 
-def per_rank(single: Estimate, toggles: dict, world: int, param_bytes_per_value: int, on_gpu: bool) -> Estimate:
-    """`single` (one rank's step planned as one process) with each part where the toggles put it.
-
-    param_bytes_per_value: the dtype the sharding wrapper gathers weights in (2 under bf16, else 4).
-    """
+def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
+    """`single` (one rank's step planned as one process) with each part where the toggles put it (`facts`:
+    scalekit.toggles.PlanFacts: which parts are split over the ranks, which live in host memory, whether
+    blocks are gathered, whether gradients have DDP's buckets)."""
     block_bytes = single.largest_block_bytes
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
-    gathered = block_bytes * param_bytes_per_value // FP32
-    if "ddp" in toggles:
-        device, host, extra, note = full, Parts(0, 0, 0), full.grads, \
-            "ddp: every rank keeps the whole model, its gradients and optimizer state, plus gradient buckets " \
-            "(a flat copy of every gradient)"
-    elif "fsdp" in toggles:
-        device, host, extra, note = _fsdp(full, world, "cpu_offload" in toggles and on_gpu)
-        extra = 2 * gathered + block_bytes  # two gathered blocks (one prefetched), one block's gradients
-    else:
-        device, host, extra, note = _zero(full, world, toggles["deepspeed"])
-        if toggles["deepspeed"].startswith("zero3"):
-            extra = 2 * gathered + block_bytes
-    if not on_gpu and host.total:
-        device, host = Parts(*(a + b for a, b in zip(dataclasses.astuple(device), dataclasses.astuple(host),
-                                                     strict=True))), Parts(0, 0, 0)
+    held = Parts(*(-(-getattr(full, p) // world) if p in facts.sharded else getattr(full, p) for p in PARTS))
+    away = facts.offloaded if on_gpu else frozenset()
+    device = Parts(*(0 if p in away else getattr(held, p) for p in PARTS))
+    host = Parts(*(getattr(held, p) if p in away else 0 for p in PARTS))
+    extra = full.grads if facts.grad_buckets else 0
+    if facts.gathers_blocks:  # two gathered blocks (one prefetched), one block's gradients reduce-scattered
+        extra += 2 * (block_bytes * facts.wrapper_param_bytes // FP32) + block_bytes
+    note = "; ".join(facts.rank_notes)
+    if facts.offloaded and not on_gpu:
         note += "; on a CPU-only run the host is the device, so offloading saves nothing here"
     peak = device.total + activations + extra
     return dataclasses.replace(single, params_bytes=device.params, grads_bytes=device.grads,
                                optimizer_state_bytes=device.state, activations_bytes=peak - device.total,
                                peak_bytes=peak, host_bytes=host.total, world_size=world,
                                notes=[*single.notes, f"per rank of {world}: {note}"])
-
-
-def _fsdp(full: Parts, world: int, offload: bool):
-    shard = Parts(*(-(-x // world) for x in dataclasses.astuple(full)))
-    note = (f"fsdp: 1/{world} of the weights, gradients and optimizer state per rank, one block's full weights "
-            f"gathered at a time (two while the next is prefetched) and one block's gradients reduce-scattered")
-    if offload:
-        return Parts(0, 0, 0), shard, 0, note + "; cpu_offload keeps the shards in host memory"
-    return shard, Parts(0, 0, 0), 0, note
-
-
-def _zero(full: Parts, world: int, mode: str):
-    stage = int(mode[4])
-    sharded = Parts(-(-full.params // world) if stage >= 3 else full.params,
-                    -(-full.grads // world) if stage >= 2 else full.grads, -(-full.state // world))
-    note = f"deepspeed ZeRO-{stage}: " + {1: "optimizer state", 2: "optimizer state and gradients",
-                                         3: "optimizer state, gradients and weights"}[stage] + f" split {world} ways"
-    if mode.endswith("-offload"):
-        host = Parts(sharded.params if stage == 3 else 0, 0, sharded.state)
-        device = Parts(sharded.params - host.params, sharded.grads, 0)
-        return device, host, 0, note + "; the optimizer state" + (" and weights" if stage == 3 else "") + \
-            " in host memory"
-    return sharded, Parts(0, 0, 0), 0, note

@@ -27,6 +27,7 @@ from .. import training
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..measure import memory
+from ..toggles import TOGGLES
 from ..toggles.optim import EIGHT_BIT
 from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
@@ -34,12 +35,6 @@ from .optimizer_state import optimizer_state_bytes
 
 class PlanUnavailable(ConfigError):
     """The step could not be traced on fake tensors (the message says why); measure the run instead."""
-
-
-# toggles the trace runs as they are; the others are left out of it and accounted for by the caller
-TRACED = ("tf32", "bf16", "fp16", "drop_last", "sdpa", "nice_numbers", "checkpointing", "fused_adamw", "optim",
-          "grad_accum", "head_only", "lora", "dora")  # sdpa and nice_numbers reach a traced model only through its
-# adapter (Hugging Face)
 
 
 def planning_hardware(device_type: str) -> Hardware:
@@ -50,8 +45,10 @@ def planning_hardware(device_type: str) -> Hardware:
                     torch_version=torch.__version__, cuda_version=torch.version.cuda)
 
 
-def traced_estimate(cfg, device_type: str, label: str, quantized: list[tuple[int, int]] | None = None) -> Estimate:
-    """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors.
+def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tuple[int, int]] | None = None
+                    ) -> Estimate:
+    """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors, with
+    the toggles that can run on them (Toggle.traced); `facts` (PlanFacts) accounts for the others.
 
     `quantized`: the (out_features, in_features) of each weight the quantized_base toggle holds in 4 or 8
     bits (bitsandbytes' kernels cannot run on fake tensors: those weights are traced in fp32 and swapped).
@@ -61,10 +58,8 @@ def traced_estimate(cfg, device_type: str, label: str, quantized: list[tuple[int
         # fake CUDA tensors need a CUDA build of torch for many of their ops
         device_type = "cpu"
         notes.append("traced on the CPU (this torch has no CUDA): CUDA autocast keeps a few more tensors in fp32")
-    toggles = {n: v for n, v in cfg.toggles.items() if n in TRACED}
-    optim = toggles.get("optim")
-    if optim in EIGHT_BIT:
-        del toggles["optim"]  # traced with AdamW; the 8-bit state is counted from the shapes below
+    # an 8-bit optimizer is traced as AdamW (its state is counted from the shapes below), a quantized base in fp32
+    toggles = {n: v for n, v in cfg.toggles.items() if TOGGLES[n].traced(v)}
     # values do not matter to memory: a pretrained start is traced from random weights, the corpus's batches
     # (and a model family's default batches: Hugging Face reads windows of the corpus) as random tokens of the
     # same shape (the loader itself cannot run on fake tensors)
@@ -77,10 +72,10 @@ def traced_estimate(cfg, device_type: str, label: str, quantized: list[tuple[int
             raise PlanUnavailable(f"estimate could not trace one training step of your model on fake tensors "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
                               f"run it and read the measured breakdown (RunResult.memory_breakdown())") from exc
-    if optim in EIGHT_BIT:
-        _eight_bit_state(step, optim, notes)
+    if facts.optimizer in EIGHT_BIT:
+        _eight_bit_state(step, facts.optimizer, notes)
     if quantized:
-        _quantized_base(step, cfg.toggles["quantized_base"], quantized, notes)
+        _quantized_base(step, facts.quantized_base, quantized, notes)
     params, grads, state, peak = step["params_bytes"], step["grads"], step["state"], step["peak"]
     return Estimate(label=label, params_bytes=params, grads_bytes=grads, optimizer_state_bytes=state,
                     activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,

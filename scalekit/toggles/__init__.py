@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from . import (
     bf16,
     checkpointing,
@@ -33,7 +36,8 @@ from . import (
     training_format,
     vectorized_transforms,
 )
-from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
+from ..errors import ConfigError
+from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Toggle, Tune
 
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
@@ -45,7 +49,7 @@ from .base import LOOPS, PHASES, BuildContext, OptimizerStep, Toggle
 # Generation walks the same phases (loop="generate") with the toggles that apply to it: kv_cache is an
 # architecture choice, read by compile after it; quantize swaps the blocks' linear layers before compile
 # wraps the model; inference_mode is the context the decode loop runs in.
-ORDER: tuple[Toggle, ...] = (
+ORDER: list[Toggle] = [
     tf32.TOGGLE,
     bf16.TOGGLE,
     fp16.TOGGLE,
@@ -75,31 +79,89 @@ ORDER: tuple[Toggle, ...] = (
     empty_cache_steps.TOGGLE,
     inference_mode.TOGGLE,
     deepspeed.TOGGLE,
-)
-TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}
+]
+TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}  # by name, in ORDER; both kept in step by register()
 
-# Toggles that cannot be on together, and why.
-EXCLUSIVE: tuple[tuple[str, str, str], ...] = (
-    ("bf16", "fp16", "both set the autocast dtype: pick one"),
-    ("optim", "fused_adamw", "both choose the optimizer: use optim='adamw_torch_fused' for fused AdamW"),
-    ("ddp", "fsdp", "both spread training over ranks: DDP replicates the model, FSDP shards it; pick one"),
-    ("ddp", "deepspeed", "DeepSpeed does its own data parallelism: pick one"),
-    ("fsdp", "deepspeed", "both shard the training state: pick one"),
-    ("cpu_offload", "deepspeed", "DeepSpeed has its own offload: use deepspeed='zero2-offload' or 'zero3-offload'"),
-    ("fp16", "deepspeed", "DeepSpeed scales fp16 losses itself: use bf16, or DeepSpeed's own fp16 config"),
-    ("head_only", "lora", "both choose what trains: the new head alone, or adapters"),
-    ("head_only", "dora", "both choose what trains: the new head alone, or adapters"),
-    ("lora", "dora", "DoRA is LoRA with a magnitude split off: pick one"),
-    ("fsdp", "quantized_base", "FSDP shards floating-point parameters; bitsandbytes keeps 4-bit weights as packed "
-                               "uint8 with separate quantization state, which FSDP2 cannot shard here (Answer.ai's "
-                               "FSDP + QLoRA stores them in a float dtype, bnb_4bit_quant_storage, for this)"),
-)
 
-# Toggles that only work with another one on (or any one of several), and why.
-REQUIRES: tuple[tuple[str, str | tuple[str, ...], str], ...] = (
-    ("cpu_offload", "fsdp", "CPU offload is FSDP2's offload policy (DeepSpeed has its own: deepspeed='zero3-offload')"),
-    ("quantized_base", ("lora", "dora"), "a quantized base is frozen: it trains through adapters (QLoRA)"),
-)
+def register(toggle: Toggle, after: str | None = None) -> Toggle:
+    """Add `toggle` to ORDER and TOGGLES (after the toggle named `after`, else last of its phase), so every part
+    of scalekit that reads them (validation, the Lab, the CLI, the planner, exports, autotune) sees it."""
+    if not isinstance(toggle, Toggle) or not toggle.name or toggle.phase not in PHASES:
+        raise ConfigError(f"register: a Toggle with a name and a phase (one of {', '.join(PHASES)}) is needed, "
+                          f"got {toggle!r}")
+    if toggle.name in TOGGLES:
+        raise ConfigError(f"register: a toggle named {toggle.name!r} exists already")
+    if after is not None:
+        if after not in TOGGLES or TOGGLES[after].phase != toggle.phase:
+            raise ConfigError(f"register: after={after!r} must name a toggle of the {toggle.phase!r} phase")
+        at = ORDER.index(TOGGLES[after]) + 1
+    else:
+        at = sum(1 for t in ORDER if PHASES.index(t.phase) <= PHASES.index(toggle.phase))
+    ORDER.insert(at, toggle)
+    _reindex()
+    return toggle
+
+
+def unregister(name: str) -> None:
+    """Remove a toggle that register() added (tests, plug-ins)."""
+    ORDER.remove(TOGGLES[name])
+    _reindex()
+
+
+def _reindex() -> None:
+    TOGGLES.clear()  # in place: every module that imported TOGGLES sees the change
+    TOGGLES.update((t.name, t) for t in ORDER)
+
+
+def exclusions() -> list[tuple[str, str, str]]:
+    """(a, b, why) for every pair of toggles that cannot be on together, as the toggles declare them."""
+    return [(other, t.name, why) for t in ORDER for other, why in t.excludes.items()]
+
+
+def requirements() -> list[tuple[str, tuple[str, ...], str]]:
+    """(toggle, the toggles of which one must be on with it, why)."""
+    return [(t.name, t.requires, t.requires_why) for t in ORDER if t.requires]
+
+
+def normalise(toggles: Any, owner: str = "RunConfig", loop: str | None = None) -> dict[str, Any]:
+    """Names, or {name: value}, as {name: validated value} in application order; "off" (False, None) left out.
+    With `loop`, a toggle that does not act in that loop is refused, naming the toggles that do."""
+    if isinstance(toggles, str):
+        toggles = [toggles]
+    if isinstance(toggles, Mapping):
+        items = list(toggles.items())
+    elif isinstance(toggles, (list, tuple, set, frozenset)):
+        items = [(name, True) for name in toggles]
+    else:
+        raise ConfigError(f"{owner}.toggles must be a list of toggle names or a {{name: value}} dict, "
+                          f"got {type(toggles).__name__}")
+    chosen: dict[str, Any] = {}
+    for name, value in items:
+        if not isinstance(name, str) or name not in TOGGLES:
+            raise ConfigError(f"{owner}.toggles: unknown toggle {name!r}; allowed: {', '.join(TOGGLES)}")
+        if loop is not None and loop not in TOGGLES[name].loops:
+            acting = ", ".join(t.name for t in ORDER if loop in t.loops)
+            raise ConfigError(f"{owner}.toggles: {name!r} applies to {' and '.join(LOOP_WORDS[x] for x in TOGGLES[name].loops)}, not to "
+                              f"{LOOP_WORDS[loop]}; {LOOP_WORDS[loop]} toggles: {acting}")
+        if value is False or value is None:
+            continue  # "off" is simply not building it in
+        chosen[name] = TOGGLES[name].validate(value, owner)
+    return {t.name: chosen[t.name] for t in ORDER if t.name in chosen}
+
+
+LOOP_WORDS = {"train": "training", "generate": "generation"}
+
+
+def check_combination(toggles, owner: str = "RunConfig") -> None:
+    """Refuse (ConfigError) toggles that exclude each other, or one without a toggle it needs; `owner` names
+    the config in the message (RunConfig, GenerateConfig)."""
+    for a, b, why in exclusions():
+        if a in toggles and b in toggles:
+            raise ConfigError(f"{owner}.toggles: {a!r} and {b!r} cannot be on together: {why}")
+    for a, needs, why in requirements():
+        if a in toggles and not any(b in toggles for b in needs):
+            said = " or ".join(repr(b) for b in needs)
+            raise ConfigError(f"{owner}.toggles: {a!r} needs {said} on too: {why}")
 
 
 def apply_toggles(ctx: BuildContext, phase: str, toggles: dict, loop: str = "train") -> None:
@@ -120,5 +182,6 @@ def needs_process_group(toggles) -> bool:
     return any(TOGGLES[name].needs_process_group for name in toggles)
 
 
-__all__ = ["ORDER", "TOGGLES", "EXCLUSIVE", "REQUIRES", "apply_toggles", "needs_process_group", "Toggle",
-           "BuildContext", "OptimizerStep", "PHASES", "LOOPS"]
+__all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination",
+           "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "BuildContext", "OptimizerStep",
+           "PHASES", "LOOPS"]

@@ -15,7 +15,7 @@ import ast
 import contextlib
 import inspect
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,40 @@ class BuildContext:
     notes: list[str] = field(default_factory=list)  # said beside the run's results
 
 
+@dataclass(slots=True)
+class PlanFacts:
+    """What a training step's toggles change in its memory, as the planner (scalekit.plan) needs to know it: each
+    toggle's `plan` sets the fields it changes; the planner reads the fields, never a toggle's name."""
+
+    world_size: int = 1  # ranks the run is planned over (set by the planner before the toggles speak)
+    activation_bytes: int = 4  # bytes per value in autocast regions (bf16, fp16: 2)
+    wrapper_param_bytes: int = 4  # bytes per weight value sharding wrappers gather and compute with (bf16: 2)
+    optimizer: str = "adamw_torch"  # the optimizer built, by optim's names (scalekit.toggles.optim.OPTIMIZERS)
+    checkpointing: int | str | None = None  # every k-th block checkpointed, or "sequential"; None: none
+    micro_batches: int = 1  # micro-batches per optimizer step (the batch split along dim 0)
+    analytic: bool = True  # the built-in GPT's analytic plan covers the run (False: only a trace can tell)
+    quantized_base: str | None = None  # bitsandbytes mode the frozen base's block linears are held in
+    # -- a run over ranks (scalekit.plan.ranks) --
+    grad_buckets: bool = False  # every rank keeps a flat copy of every gradient (DDP's buckets)
+    sharded: frozenset = frozenset()  # parts split over the ranks: of "params", "grads", "state"
+    offloaded: frozenset = frozenset()  # parts kept in host memory (on a GPU): of "params", "grads", "state"
+    gathers_blocks: bool = False  # one block's full weights gathered at a time (two while the next is prefetched)
+    rank_notes: list[str] = field(default_factory=list)  # how the ranks hold the parts, said beside the plan
+
+
+@dataclass(frozen=True)
+class Tune:
+    """One change autotune tries (scalekit.autotune): switch the toggle to `value` in `loop`'s search, at `rank`
+    in the order the changes are tried (lower first).  A tuple `value` means the first of them that runs here."""
+
+    value: Any = True
+    rank: int = 0  # place in the search order (build-nanogpt's ladder first, then data, then memory levers)
+    loop: str = "train"  # "train" or "generate"
+    label: str = ""  # what the search calls it ("" → the toggle's name, and its value unless True)
+    memory_only: bool = False  # tried only while the best so far is over the memory budget
+    instead_of: str = ""  # tried only where that toggle is unavailable (fp16 where there is no bf16)
+
+
 class Toggle:
     """One optimization.  Subclasses set the class attributes and implement `apply`."""
 
@@ -125,6 +159,12 @@ class Toggle:
     gpt_only: bool = False  # changes the built-in GPT's architecture: another model needs an adapter that can
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
     changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
+    # -- what validation, the planner and autotune read of it (they name no toggle) ---------------------------
+    excludes: Mapping[str, str] = {}  # toggles that cannot be on with this one -> why (declared on one side)
+    requires: tuple[str, ...] = ()  # toggles of which at least one must be on with this one
+    requires_why: str = ""  # why it needs one of them
+    plan_note: str = ""  # what the planner says of it where it changes no tensor a step keeps ("" when `plan` models it)
+    tuning: tuple[Tune, ...] = ()  # the changes autotune tries with this toggle (none: it is not searched)
 
     def available(self, hw) -> tuple[bool, str]:
         """(True, "") or (False, the reason in plain words)."""
@@ -154,21 +194,36 @@ class Toggle:
                            "nn.Module has no adapter that says how to make that change")
         return True, ""
 
-    def validate(self, value: Any) -> Any:
-        """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values."""
+    def validate(self, value: Any, owner: str = "RunConfig") -> Any:
+        """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values (and
+        `owner`, the config the value was given to)."""
         if self.choices is None:
             if value is True:
                 return True
-            raise ConfigError(f"RunConfig.toggles[{self.name!r}] is an on/off toggle: use True, got {value!r}")
+            raise ConfigError(f"{owner}.toggles[{self.name!r}] is an on/off toggle: use True, got {value!r}")
         if value is True:
             return self.choices[0]
         if value in self.choices:
             return value
         allowed = ", ".join(repr(c) for c in self.choices)
-        raise ConfigError(f"RunConfig.toggles[{self.name!r}] must be True or one of {allowed}; got {value!r}")
+        raise ConfigError(f"{owner}.toggles[{self.name!r}] must be True or one of {allowed}; got {value!r}")
 
     def apply(self, ctx: BuildContext, value: Any) -> None:
         raise NotImplementedError
+
+    def plan(self, facts: PlanFacts, value: Any) -> None:
+        """Tell the planner what this toggle changes in a training step's memory (the fields of PlanFacts)."""
+
+    def traced(self, value: Any) -> bool:
+        """Whether the traced planner runs this toggle as it is on fake tensors (False: it is left out of the
+        trace, and `plan` or `plan_note` accounts for it)."""
+        return False
+
+    @property
+    def planned(self) -> bool:
+        """Whether the planner models this toggle's memory: it tells the planner through `plan`, or it changes the
+        architecture of the model the planner builds (the "model_config" phase of training)."""
+        return type(self).plan is not Toggle.plan or (self.phase == "model_config" and "train" in self.loops)
 
     @property
     def explainer(self) -> str:

@@ -27,4 +27,10 @@ class BF16(Toggle):
         ctx.wrapper_param_dtype = torch.bfloat16
 
 
+    def plan(self, facts, value) -> None:
+        facts.activation_bytes = facts.wrapper_param_bytes = 2
+
+    def traced(self, value) -> bool:
+        return True
+
 TOGGLE = BF16()

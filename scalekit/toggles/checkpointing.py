@@ -65,12 +65,12 @@ class Checkpointing(CountToggle):
     choices = (1, 2, "sequential")  # offered in the Lab and `scalekit toggles`; any count works
     unit = "blocks (1: every block, k: every k-th block), or 'sequential'"
 
-    def validate(self, value: Any) -> int | str:
+    def validate(self, value: Any, owner: str = "RunConfig") -> int | str:
         if value == SEQUENTIAL:
             return SEQUENTIAL
         if value is True or as_count(value) is not None:
-            return super().validate(value)
-        raise ConfigError(f"RunConfig.toggles['checkpointing'] must be True (every block), a positive whole "
+            return super().validate(value, owner)
+        raise ConfigError(f"{owner}.toggles['checkpointing'] must be True (every block), a positive whole "
                           f"number k (every k-th block) or 'sequential' (torch's checkpoint_sequential); "
                           f"got {value!r}")
 
@@ -100,5 +100,11 @@ class Checkpointing(CountToggle):
         if value > 1:
             ctx.notes.append(f"checkpointing {len(chosen)} of {len(blocks)} blocks")
 
+
+    def plan(self, facts, value: int | str) -> None:
+        facts.checkpointing = value
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = Checkpointing()

@@ -19,6 +19,7 @@ class Compile(Toggle):
     phase = "wrap"
     loops = ("train", "generate")
     choices = COMPILE_MODES
+    plan_note = 'compile fuses ops and can keep less; this plan is for eager execution'
 
     def available(self, hw) -> tuple[bool, str]:
         if not torch._dynamo.is_dynamo_supported():

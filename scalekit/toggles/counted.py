@@ -25,11 +25,11 @@ class CountToggle(Toggle):
     default: int = 1
     unit: str = ""  # what is counted, for error messages
 
-    def validate(self, value: Any) -> int:
+    def validate(self, value: Any, owner: str = "RunConfig") -> int:
         if value is True:
             return self.default
         count = as_count(value)
         if count is None:
-            raise ConfigError(f"RunConfig.toggles[{self.name!r}] must be True (= {self.default}) or a positive "
+            raise ConfigError(f"{owner}.toggles[{self.name!r}] must be True (= {self.default}) or a positive "
                               f"whole number of {self.unit}; got {value!r}")
         return count

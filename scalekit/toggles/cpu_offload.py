@@ -15,6 +15,8 @@ class CPUOffload(Toggle):
     kind = "memory"
     phase = "wrap"
     needs_process_group = True
+    requires = ("fsdp",)
+    requires_why = "CPU offload is FSDP2's offload policy (DeepSpeed has its own: deepspeed='zero3-offload')"
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("CPU offload (with FSDP)")
@@ -23,11 +25,15 @@ class CPUOffload(Toggle):
         return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
-        # a policy: the fsdp toggle, applied after this one, reads it when it shards (REQUIRES keeps fsdp on)
+        # a policy: the fsdp toggle, applied after this one, reads it when it shards (its `requires` keeps fsdp on)
         ctx.offload_to_cpu = True
         where = "already in host memory: on a CPU-only run this exercises the code path, it saves nothing" \
             if ctx.device.type == "cpu" else "in pinned host memory"
         ctx.notes.append(f"cpu_offload: sharded weights, gradients and optimizer state {where}")
 
+
+    def plan(self, facts, value) -> None:
+        facts.offloaded = frozenset(("params", "grads", "state"))
+        facts.rank_notes.append("cpu_offload keeps the shards in host memory")
 
 TOGGLE = CPUOffload()

@@ -25,6 +25,7 @@ class DataEcho(CountToggle):
     default = 2
     choices = (2, 4, 8)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "optimizer steps per fetched batch"
+    plan_note = "data_echo repeats batches; a step's memory is the same"
 
     def apply(self, ctx: BuildContext, k: int) -> None:
         # batch echoing, after the device copy: the echoed steps neither fetch nor copy again

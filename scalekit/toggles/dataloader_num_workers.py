@@ -36,6 +36,8 @@ class DataloaderNumWorkers(CountToggle):
     default = 2
     choices = (1, 2, 4, 8)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "worker processes"
+    plan_note = ('dataloader_num_workers adds worker processes, each with its own memory (a few batches in flight '
+                 'and a copy-on-write view of the dataset), outside this plan')
 
     def apply(self, ctx: BuildContext, workers: int) -> None:
         if ctx.config.data == "synthetic":

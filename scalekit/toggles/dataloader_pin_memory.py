@@ -21,6 +21,7 @@ class DataloaderPinMemory(Toggle):
     group = "data"
     phase = "data"
     gpt_only = True  # the built-in corpus's DataLoader
+    plan_note = 'dataloader_pin_memory keeps a few batches in pinned host memory, not device memory'
 
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "pinned memory")

@@ -33,4 +33,9 @@ class DDP(Toggle):
         ctx.stack.callback(release_model, ctx)
 
 
+    def plan(self, facts, value) -> None:
+        facts.grad_buckets = True
+        facts.rank_notes.append("ddp: every rank keeps the whole model, its gradients and optimizer state, plus "
+                                "gradient buckets (a flat copy of every gradient)")
+
 TOGGLE = DDP()

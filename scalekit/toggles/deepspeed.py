@@ -54,6 +54,12 @@ class DeepSpeed(Toggle):
     phase = "step"  # wraps the model and the optimizer scalekit built, after accumulation is known
     choices = MODES
     needs_process_group = True
+    excludes = {
+        "ddp": "DeepSpeed does its own data parallelism: pick one",
+        "fsdp": "both shard the training state: pick one",
+        "cpu_offload": "DeepSpeed has its own offload: use deepspeed='zero2-offload' or 'zero3-offload'",
+        "fp16": "DeepSpeed scales fp16 losses itself: use bf16, or DeepSpeed's own fp16 config",
+    }
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.device_type != "cuda":
@@ -75,5 +81,16 @@ class DeepSpeed(Toggle):
         ctx.stack.callback(engine.destroy)  # LIFO: DeepSpeed's own teardown, then the references
         ctx.notes.append(f"deepspeed: ZeRO stage {value[4]}{' with CPU offload' if 'offload' in value else ''}")
 
+
+    def plan(self, facts, value: str) -> None:
+        stage = int(value[4])
+        facts.sharded = frozenset(("state", *(("grads",) if stage >= 2 else ()), *(("params",) if stage == 3 else ())))
+        facts.gathers_blocks = stage == 3
+        what = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and weights"}
+        note = f"deepspeed ZeRO-{stage}: {what[stage]} split {facts.world_size} ways"
+        if value.endswith("-offload"):
+            facts.offloaded = frozenset(("state", *(("params",) if stage == 3 else ())))
+            note += "; the optimizer state" + (" and weights" if stage == 3 else "") + " in host memory"
+        facts.rank_notes.append(note)
 
 TOGGLE = DeepSpeed()

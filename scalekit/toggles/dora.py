@@ -18,6 +18,8 @@ class DoRA(CountToggle):
     default = 8
     choices = (8, 4, 16, 64)
     unit = "rank r of the update"
+    excludes = {"head_only": "both choose what trains: the new head alone, or adapters",
+                "lora": "DoRA is LoRA with a magnitude split off: pick one"}
 
     def available(self, hw) -> tuple[bool, str]:
         return peft_available()
@@ -25,5 +27,11 @@ class DoRA(CountToggle):
     def apply(self, ctx: BuildContext, rank: int) -> None:
         add_adapters(ctx, rank, use_dora=True)
 
+
+    def plan(self, facts, value) -> None:
+        facts.analytic = False  # the built-in GPT's analytic plan has no frozen base or adapters: traced
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = DoRA()

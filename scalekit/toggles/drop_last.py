@@ -12,11 +12,15 @@ class DropLast(Toggle):
     helps_when = "compiled or CUDA-graphed models, which recompile (or fail) on a short last batch"
     group = "data"
     phase = "data"
+    plan_note = "drop_last changes which samples an epoch sees, not a step's memory"
 
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.loader_kwargs["drop_last"] = True
         if ctx.config.data == "synthetic":
             ctx.notes.append("drop_last has no effect on synthetic data (it has no epochs)")
 
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = DropLast()

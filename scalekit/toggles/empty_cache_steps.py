@@ -20,6 +20,7 @@ class EmptyCacheSteps(CountToggle):
     default = 1
     choices = (1, 10, 100)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "optimizer steps between calls"
+    plan_note = 'empty_cache_steps changes what the CUDA allocator keeps reserved, not the peak allocated'
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.device_type == "cuda":

@@ -14,11 +14,18 @@ class FP16(Toggle):
     helps_when = "the GPU has fp16 but no bf16 tensor cores (V100, T4)"
     group = "precision"
     phase = "precision"
+    excludes = {"bf16": "both set the autocast dtype: pick one"}
 
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.compute_dtype = torch.float16
         # the engine's stepper scales each loss before backward and unscales the gradients before the step
         ctx.grad_scaler = torch.amp.GradScaler(ctx.device.type)
 
+
+    def plan(self, facts, value) -> None:
+        facts.activation_bytes = 2
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = FP16()

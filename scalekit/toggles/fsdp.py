@@ -34,6 +34,7 @@ class FSDP(Toggle):
     kind = "memory"
     phase = "wrap"
     needs_process_group = True
+    excludes = {"ddp": "both spread training over ranks: DDP replicates the model, FSDP shards it; pick one"}
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("FSDP")
@@ -56,5 +57,12 @@ class FSDP(Toggle):
         ctx.stack.callback(release_model, ctx)
         ctx.notes.append(f"fsdp: {len(units)} blocks + root sharded over {ctx.world_size} ranks")
 
+
+    def plan(self, facts, value) -> None:
+        facts.sharded = frozenset(("params", "grads", "state"))
+        facts.gathers_blocks = True
+        facts.rank_notes.insert(0, f"fsdp: 1/{facts.world_size} of the weights, gradients and optimizer state per "
+                                   f"rank, one block's full weights gathered at a time (two while the next is "
+                                   f"prefetched) and one block's gradients reduce-scattered")
 
 TOGGLE = FSDP()

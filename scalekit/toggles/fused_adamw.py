@@ -12,9 +12,16 @@ class FusedAdamW(Toggle):
     helps_when = "many parameter tensors make the optimizer step launch-bound (GPU) or loop-bound (CPU)"
     group = "optimizer"
     phase = "optimizer"
+    excludes = {"optim": "both choose the optimizer: use optim='adamw_torch_fused' for fused AdamW"}
 
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.optimizer_kwargs["fused"] = True
 
+
+    def plan(self, facts, value) -> None:
+        facts.optimizer = "adamw_torch_fused"
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = FusedAdamW()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..checks import micro_batch_rows
 from .base import BuildContext
 from .counted import CountToggle
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 class GradAccum(CountToggle):
@@ -24,13 +20,15 @@ class GradAccum(CountToggle):
     unit = "micro-batches per optimizer step"
 
     def apply(self, ctx: BuildContext, value: int) -> None:
-        batch = ctx.config.batch_size
-        if batch % value:
-            raise ConfigError(f"RunConfig.toggles['grad_accum']={value} must divide batch_size={batch} "
-                              f"(each micro-batch is batch_size/k sequences); allowed here: "
-                              f"{', '.join(map(str, divisors(batch)))}")
+        micro_batch_rows(ctx.config.batch_size, 1, value)
         # the engine's train_step splits the batch, scales each loss by 1/k and clears grads (set_to_none)
         ctx.grad_accum_steps = value
 
+
+    def plan(self, facts, value: int) -> None:
+        facts.micro_batches = value
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = GradAccum()

@@ -57,4 +57,10 @@ class HeadOnly(Toggle):
                          f"the rest is frozen")
 
 
+    def plan(self, facts, value) -> None:
+        facts.analytic = False  # the built-in GPT's analytic plan has no frozen base or adapters: traced
+
+    def traced(self, value) -> bool:
+        return True
+
 TOGGLE = HeadOnly()

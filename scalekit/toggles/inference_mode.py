@@ -15,6 +15,7 @@ class InferenceMode(Toggle):
     group = "inference"
     phase = "step"
     loops = ("generate",)
+    plan_note = 'inference_mode applies to the evaluation (eval_every), not to a training step'
 
     def apply(self, ctx: BuildContext, value) -> None:
         # the baseline runs under torch.no_grad(); the decode loop and the evaluation enter this instead

@@ -19,6 +19,7 @@ class KVCache(Toggle):
     loops = ("generate",)
     choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)
     gpt_only = True
+    plan_note = "kv_cache applies to the evaluation's sample (eval_every), not to a training step"
 
     def apply(self, ctx: BuildContext, value: str) -> None:
         # the decode loop makes a fresh cache of this kind for each generation (models/kv_cache.py)

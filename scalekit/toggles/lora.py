@@ -58,6 +58,7 @@ class LoRA(CountToggle):
     default = 8
     choices = (8, 4, 16, 64)  # offered in the Lab and `scalekit toggles`; any rank works
     unit = "rank r of the update"
+    excludes = {"head_only": "both choose what trains: the new head alone, or adapters"}
 
     def available(self, hw) -> tuple[bool, str]:
         return peft_available()
@@ -65,5 +66,11 @@ class LoRA(CountToggle):
     def apply(self, ctx: BuildContext, rank: int) -> None:
         add_adapters(ctx, rank, use_dora=False)
 
+
+    def plan(self, facts, value) -> None:
+        facts.analytic = False  # the built-in GPT's analytic plan has no frozen base or adapters: traced
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = LoRA()

@@ -41,4 +41,7 @@ class NiceNumbers(Toggle):
                                  f"{round_up(value_, SHAPE_MULTIPLE)}")
 
 
+    def traced(self, value) -> bool:
+        return True
+
 TOGGLE = NiceNumbers()

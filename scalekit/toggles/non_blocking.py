@@ -14,6 +14,7 @@ class NonBlocking(Toggle):
     group = "data"
     phase = "data"
     gpt_only = True  # the built-in corpus's batches (a user's batch_fn makes its batches on the device)
+    plan_note = 'non_blocking changes when the copy of a batch to the device runs, not its size'
 
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "non_blocking")

@@ -145,4 +145,10 @@ class Optim(Toggle):
         ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
 
 
+    def plan(self, facts, value: str) -> None:
+        facts.optimizer = value
+
+    def traced(self, value: str) -> bool:
+        return value not in EIGHT_BIT  # bitsandbytes' kernels cannot run on fake tensors: traced as AdamW
+
 TOGGLE = Optim()

@@ -18,6 +18,7 @@ class Quantize(Toggle):
     loops = ("generate",)
     choices = tuple(METHODS)  # the methods (inference/quantization.py): each library imported only when chosen
     changes_weights = True
+    plan_note = 'quantize applies to generation only (scalekit.generate): it never runs in a training step'
 
     def available(self, hw) -> tuple[bool, str]:
         reasons = [method_available(m, hw.device_type) for m in METHODS]

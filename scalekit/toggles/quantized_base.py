@@ -59,6 +59,11 @@ class QuantizedBase(Toggle):
     kind = "memory"
     phase = "wrap"
     choices = MODES
+    excludes = {"fsdp": "FSDP shards floating-point parameters; bitsandbytes keeps 4-bit weights as packed uint8 with "
+                        "separate quantization state, which FSDP2 cannot shard here (Answer.ai's FSDP + QLoRA stores "
+                        "them in a float dtype, bnb_4bit_quant_storage, for this)"}
+    requires = ("lora", "dora")
+    requires_why = "a quantized base is frozen: it trains through adapters (QLoRA)"
 
     def available(self, hw) -> tuple[bool, str]:
         if importlib.util.find_spec("bitsandbytes") is None:
@@ -72,5 +77,10 @@ class QuantizedBase(Toggle):
         replaced = quantize_targets(ctx, mode)
         ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
 
+
+    def plan(self, facts, value) -> None:
+        # bitsandbytes' kernels cannot run on fake tensors: the planner traces the base in fp32 and swaps its sizes
+        facts.analytic = False
+        facts.quantized_base = value
 
 TOGGLE = QuantizedBase()

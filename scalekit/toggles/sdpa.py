@@ -25,4 +25,7 @@ class SDPA(Toggle):
             ctx.model_adapter.set_attention("sdpa")
 
 
+    def traced(self, value) -> bool:
+        return True
+
 TOGGLE = SDPA()

@@ -15,6 +15,7 @@ class TF32(Toggle):
     group = "precision"
     phase = "process"
     loops = ("train", "generate")
+    plan_note = 'tf32 changes how matmuls round, not the size of any tensor'
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.tf32_supported:
@@ -35,5 +36,8 @@ class TF32(Toggle):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
+
+    def traced(self, value) -> bool:
+        return True
 
 TOGGLE = TF32()

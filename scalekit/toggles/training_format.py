@@ -13,6 +13,7 @@ class TrainingFormat(Toggle):
     group = "data"
     phase = "data"
     gpt_only = True  # the built-in corpus's pipeline
+    plan_note = "training_format changes where the input pipeline reads its tokens, not a step's memory"
 
     def changes_nothing(self, cfg) -> str | None:
         if cfg.data != "shakespeare-raw":

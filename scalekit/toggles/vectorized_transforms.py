@@ -13,6 +13,8 @@ class VectorizedTransforms(Toggle):
     group = "data"
     phase = "data"
     gpt_only = True  # the built-in corpus's pipeline
+    plan_note = ('vectorized_transforms changes how the input pipeline transforms a batch (its temporaries are '
+                 "the size of one batch), not a step's memory")
 
     def changes_nothing(self, cfg) -> str | None:
         if cfg.data != "shakespeare-raw" or not cfg.transform_rounds:

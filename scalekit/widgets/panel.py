@@ -2,7 +2,7 @@
 
 Built from `scalekit.toggles.ORDER`, never from a hand-written list, so a toggle added there shows up
 here.  An on/off toggle is a checkbox; a toggle with modes (compile mode, accumulation steps) is a
-dropdown; toggles of one group that all exclude each other (bf16 / fp16, from `EXCLUSIVE`) share one
+dropdown; toggles of one group that all exclude each other (bf16 / fp16, as their `excludes` say) share one
 dropdown whose first entry means "none of them" (for precision: fp32).  An unavailable toggle is
 disabled, or left out of its dropdown, and its reason is written beside it.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import ipywidgets as w
 
 from ..errors import ConfigError, ToggleUnavailable
-from ..toggles import EXCLUSIVE, ORDER, Toggle
+from ..toggles import ORDER, Toggle
 
 OFF = "off"
 # What "none of the exclusive toggles" means, where the group has a better word for it than "off".
@@ -146,13 +146,15 @@ def _note(text: str, unavailable: bool) -> w.HTML:
 class TogglePanel:
     """The controls, grouped, and what they select."""
 
-    def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=EXCLUSIVE,
+    def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=None,
                  launches: bool = False, adapter=None):
         self.controls: dict[str, ToggleControl] = {}
-        self.exclusive = exclusive
+        # the pairs that cannot be on together, as the toggles shown declare them (Toggle.excludes)
+        self.exclusive = exclusive if exclusive is not None else \
+            [(other, t.name, why) for t in toggles for other, why in t.excludes.items()]
         names = {t.name for t in toggles}
         groups: dict[str, list[w.Widget]] = {}
-        for members in control_sets(toggles, exclusive):
+        for members in control_sets(toggles, self.exclusive):
             t = members[0]
             reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches,
                                                                                    adapter))}

@@ -1,0 +1,48 @@
+"""The checks RunConfig and GenerateConfig share, each error naming the config and the field (a leaf module)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from .errors import ConfigError
+
+
+def int_in(owner: str, name: str, value: Any, low: int, high: int) -> int:
+    """`value` if it is a whole number from `low` to `high` (not a bool), else ConfigError naming owner.name."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        kind = "a positive integer" if low == 1 else ("an integer >= 0" if high < 2**62 else "an integer")
+        raise ConfigError(f"{owner}.{name} must be {kind} from {low} to {high:,}, got {value!r}")
+    return int(value)
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+def check_device(owner: str, device: Any) -> None:
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda")
+                                           or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"{owner}.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def check_label(owner: str, label: Any) -> None:
+    if label is not None and (not isinstance(label, str) or not label.strip() or len(label) > 200
+                              or not label.isprintable()):
+        raise ConfigError(f"{owner}.label must be None or a printable name of 1 to 200 characters, got {label!r}")
+
+
+def micro_batch_rows(batch_size: int, ranks: int = 1, micro_batches: int = 1) -> int:
+    """The rows of one micro-batch on one rank: batch_size / ranks / micro_batches, refused (ConfigError) where
+    the batch does not split evenly (every rank, planner and exporter asks this one question)."""
+    if batch_size % ranks:
+        raise ConfigError(f"RunConfig.batch_size ({batch_size}) must be divisible by the number of ranks "
+                          f"({ranks}): each rank trains on batch_size / ranks sequences")
+    per_rank = batch_size // ranks
+    if per_rank % micro_batches:
+        what = f"batch_size / ranks ({per_rank})" if ranks > 1 else f"batch_size={batch_size}"
+        allowed = ", ".join(str(d) for d in range(1, per_rank + 1) if per_rank % d == 0)
+        raise ConfigError(f"RunConfig.toggles['grad_accum']={micro_batches} must divide {what} (each micro-batch is "
+                          f"batch_size/k sequences); allowed here: {allowed}")
+    return per_rank // micro_batches
