@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import ConfigError
 from . import (
     bf16,
     checkpointing,
@@ -36,7 +37,6 @@ from . import (
     training_format,
     vectorized_transforms,
 )
-from ..errors import ConfigError
 from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Toggle, Tune
 
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
