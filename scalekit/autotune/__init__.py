@@ -20,33 +20,12 @@ from ..hardware import detect
 from ..models.families import model_adapter
 from ..plan import PlanUnavailable, estimate
 from ..toggles import TOGGLES
+from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
 from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, SearchSpace, search
 
-__all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "CHANGES", "MIN_GAIN",
-           "ROUNDS"]
-
-# What autotune tries, in order (after build-nanogpt's ladder, then the data pipeline, then memory levers that
-# can also speed a step up): (label, toggles).  A change whose toggles this version of scalekit lacks, or that
-# does not apply to the model, is left out; one that is unavailable here is listed as rejected, with why.
-CHANGES: tuple[tuple[str, dict], ...] = (
-    ("tf32", {"tf32": True}),
-    ("bf16", {"bf16": True}),
-    ("fp16 (no bf16 here)", {"fp16": True}),
-    ("sdpa", {"sdpa": True}),
-    ("nice_numbers", {"nice_numbers": True}),
-    ("fused AdamW", {"optim": "adamw_torch_fused"}),
-    ("compile", {"compile": "default"}),
-    ("dataloader_num_workers=2", {"dataloader_num_workers": 2}),
-    ("training_format", {"training_format": True}),
-    ("vectorized_transforms", {"vectorized_transforms": True}),
-    ("dataloader_pin_memory", {"dataloader_pin_memory": True}),
-    ("non_blocking", {"non_blocking": True}),
-    ("checkpointing (to fit)", {"checkpointing": 1}),
-    ("8-bit AdamW (to fit)", {"optim": "adamw_bnb_8bit"}),
-)
-MEMORY_ONLY = ("checkpointing (to fit)", "8-bit AdamW (to fit)")  # tried only while the best is over budget
-
+__all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "declared_changes",
+           "MIN_GAIN", "ROUNDS"]
 
 def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
              run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
@@ -81,11 +60,9 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
 def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     """The search space on this machine: the changes that exist and apply, the toggles' own rules, the planner,
     and scalekit.run."""
-    bf16_here = "bf16" in TOGGLES and TOGGLES["bf16"].available(hw)[0]
     adapter = model_adapter(base.model)  # a Hugging Face model switches sdpa and nice_numbers its own way
-    changes = [(label, t) for label, t in CHANGES if all(n in TOGGLES for n in t)
-               and not (base.custom_model and not all(TOGGLES[n].applies_to(adapter)[0] for n in t))
-               and not ("fp16" in t and bf16_here)]  # fp16 is what to try where bf16 is not
+    declared = declared_changes("train", hw, applies=lambda t: not base.custom_model or t.applies_to(adapter)[0])
+    changes = [(label, toggles) for label, toggles, _ in declared]
 
     resolved = base.resolve(hw)
 
@@ -109,7 +86,7 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     return SearchSpace(changes=changes, available=available, conflicts=config_conflicts(base),
                        planned_peak=planned_peak,
                        measure=measure, batch_sizes=lambda cfg, budget: _larger_batches(cfg, budget, planned_peak),
-                       memory_only=frozenset(MEMORY_ONLY))
+                       memory_only=frozenset(label for label, _, tune in declared if tune.memory_only))
 
 
 def _larger_batches(cfg: RunConfig, budget_bytes, planned_peak) -> list[int]:

@@ -17,41 +17,12 @@ import dataclasses
 from ..errors import ConfigError
 from ..hardware import detect
 from ..inference import GenerateConfig, generate
-from ..inference.ladder import INT4_METHODS, INT8_METHODS, first_available
 from ..toggles import TOGGLES
+from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
 from .search import Deadline, Measurement, SearchSpace, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
-
-# (label, toggles) in the order they are tried; a tuple of quantization methods means "the first that runs here"
-GENERATION_CHANGES: tuple[tuple[str, dict], ...] = (
-    ("inference_mode", {"inference_mode": True}),
-    ("kv_cache=dynamic", {"kv_cache": "dynamic"}),
-    ("kv_cache=static", {"kv_cache": "static"}),
-    ("sdpa", {"sdpa": True}),
-    ("bf16", {"bf16": True}),
-    ("compile", {"compile": "default"}),
-    ("int8 weights", {"quantize": INT8_METHODS}),
-    ("4-bit weights", {"quantize": INT4_METHODS}),
-)
-
-
-def generation_changes(hw) -> list[tuple[str, dict]]:
-    """GENERATION_CHANGES with each list of quantization methods resolved to the first that runs here (or the
-    first of the list, which the search then reports as unavailable, with why)."""
-    out = []
-    for label, toggles in GENERATION_CHANGES:
-        methods = toggles.get("quantize")
-        if isinstance(methods, tuple):
-            method, _ = first_available(methods, hw)
-            method = method or methods[0]
-            toggles = {**toggles, "quantize": method}
-            label = f"{label} ({method})"
-        if all(n in TOGGLES for n in toggles):
-            out.append((label, toggles))
-    return out
-
 
 def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) -> SearchSpace:
     def choice_available(name: str, value) -> tuple[bool, str]:
@@ -70,7 +41,8 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
         step_ms = r.decode_ms.median if r.decode_ms else None
         return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
 
-    return SearchSpace(changes=generation_changes(hw), available=lambda name: TOGGLES[name].available(hw),
+    changes = [(label, toggles) for label, toggles, _ in declared_changes("generate", hw)]
+    return SearchSpace(changes=changes, available=lambda name: TOGGLES[name].available(hw),
                        conflicts=config_conflicts(base), planned_peak=lambda cfg: None, measure=measure,
                        choice_available=choice_available)
 

@@ -17,10 +17,9 @@ from ..hardware import detect
 from ..toggles import TOGGLES
 from .config import GenerateConfig
 from .engine import generate
+from .quantization import INT4_METHODS, INT8_METHODS
 from .results import GenerateResult
 
-INT8_METHODS = ("torchao-int8", "bnb-int8", "hqq-8bit", "torch-dynamic-int8")
-INT4_METHODS = ("hqq-4bit", "bnb-nf4", "torchao-int4")
 
 # (label, the toggles this rung sets; None marks "the first quantization method of this list that runs here")
 INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (

@@ -48,6 +48,10 @@ METHODS: dict[str, tuple[str, str]] = {
 }
 CALIBRATED = ("gptq", "awq")
 
+# preference lists, for the ladder and autotune: torchao's weight-only int8 (the gpt-fast route), then bitsandbytes;
+# HQQ's 4-bit (two values per byte on any device), then bitsandbytes nf4
+INT8_METHODS = ("torchao-int8", "bnb-int8", "hqq-8bit", "torch-dynamic-int8")
+INT4_METHODS = ("hqq-4bit", "bnb-nf4", "torchao-int4")
 
 def method_available(method: str, device_type: str) -> tuple[bool, str]:
     """Whether `method` can run on a `device_type` machine here, and why not."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class BF16(Toggle):
@@ -15,6 +15,7 @@ class BF16(Toggle):
     group = "precision"
     phase = "precision"
     loops = ("train", "generate")
+    tuning = (Tune(rank=20), Tune(rank=50, loop="generate"))
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.bf16_supported:

@@ -8,7 +8,7 @@ from typing import Any
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from ..errors import ConfigError, ToggleUnavailable
-from .base import BuildContext
+from .base import BuildContext, Tune
 from .counted import CountToggle, as_count
 
 SEQUENTIAL = "sequential"
@@ -61,6 +61,7 @@ class Checkpointing(CountToggle):
     group = "memory"
     kind = "memory"
     phase = "wrap"
+    tuning = (Tune(1, rank=130, label="checkpointing (to fit)", memory_only=True),)
     default = 1
     choices = (1, 2, "sequential")  # offered in the Lab and `scalekit toggles`; any count works
     unit = "blocks (1: every block, k: every k-th block), or 'sequential'"

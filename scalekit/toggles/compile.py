@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..hardware import c_compiler
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -19,6 +19,7 @@ class Compile(Toggle):
     phase = "wrap"
     loops = ("train", "generate")
     choices = COMPILE_MODES
+    tuning = (Tune("default", rank=70), Tune("default", rank=60, loop="generate"))
     plan_note = 'compile fuses ops and can keep less; this plan is for eager execution'
 
     def available(self, hw) -> tuple[bool, str]:

@@ -7,7 +7,7 @@ import signal
 
 import torch
 
-from .base import BuildContext
+from .base import BuildContext, Tune
 from .counted import CountToggle
 
 PREFETCH_FACTOR = 2  # batches each worker prepares ahead (torch's default): 2 × workers batches in flight
@@ -36,6 +36,7 @@ class DataloaderNumWorkers(CountToggle):
     default = 2
     choices = (1, 2, 4, 8)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "worker processes"
+    tuning = (Tune(2, rank=80),)
     plan_note = ('dataloader_num_workers adds worker processes, each with its own memory (a few batches in flight '
                  'and a copy-on-write view of the dataset), outside this plan')
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
@@ -20,6 +20,7 @@ class DataloaderPinMemory(Toggle):
     helps_when = "host-to-device copies are a share of the data wait; non_blocking copies need it to be asynchronous"
     group = "data"
     phase = "data"
+    tuning = (Tune(rank=110),)
     gpt_only = True  # the built-in corpus's DataLoader
     plan_note = 'dataloader_pin_memory keeps a few batches in pinned host memory, not device memory'
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class FP16(Toggle):
@@ -14,6 +14,7 @@ class FP16(Toggle):
     helps_when = "the GPU has fp16 but no bf16 tensor cores (V100, T4)"
     group = "precision"
     phase = "precision"
+    tuning = (Tune(rank=30, label="fp16 (no bf16 here)", instead_of="bf16"),)  # what to try where bf16 is not
     excludes = {"bf16": "both set the autocast dtype: pick one"}
 
     def apply(self, ctx: BuildContext, value) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class InferenceMode(Toggle):
@@ -15,6 +15,7 @@ class InferenceMode(Toggle):
     group = "inference"
     phase = "step"
     loops = ("generate",)
+    tuning = (Tune(rank=10, loop="generate"),)
     plan_note = 'inference_mode applies to the evaluation (eval_every), not to a training step'
 
     def apply(self, ctx: BuildContext, value) -> None:

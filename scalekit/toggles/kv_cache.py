@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..models.kv_cache import CACHE_KINDS
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class KVCache(Toggle):
@@ -19,6 +19,7 @@ class KVCache(Toggle):
     loops = ("generate",)
     choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)
     gpt_only = True
+    tuning = (Tune("dynamic", rank=20, loop="generate"), Tune("static", rank=30, loop="generate"))
     plan_note = "kv_cache applies to the evaluation's sample (eval_every), not to a training step"
 
     def apply(self, ctx: BuildContext, value: str) -> None:

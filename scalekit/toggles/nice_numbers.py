@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 VOCAB_MULTIPLE = 64
 SHAPE_MULTIPLE = 8
@@ -19,6 +19,7 @@ class NiceNumbers(Toggle):
     helps_when = "matmul dimensions are odd: kernels work in tiles, and ragged edges waste a whole tile"
     group = "shapes"
     phase = "model_config"
+    tuning = (Tune(rank=50),)
     gpt_only = True  # the built-in GPT's vocabulary, or a model family's (Hugging Face: resize_token_embeddings)
 
     def applies_to(self, adapter) -> tuple[bool, str]:

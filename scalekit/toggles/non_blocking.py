@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 from .dataloader_pin_memory import needs_a_gpu
 
 
@@ -13,6 +13,7 @@ class NonBlocking(Toggle):
     helps_when = "a blocking copy makes the host wait for the device before it can queue the step's work"
     group = "data"
     phase = "data"
+    tuning = (Tune(rank=120),)
     gpt_only = True  # the built-in corpus's batches (a user's batch_fn makes its batches on the device)
     plan_note = 'non_blocking changes when the copy of a batch to the device runs, not its size'
 

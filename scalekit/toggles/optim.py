@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ToggleUnavailable
 from ..measure.memory import storage_bytes
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 # name -> (library, what it keeps per parameter)
 OPTIMIZERS = {
@@ -133,6 +133,8 @@ class Optim(Toggle):
     # come before checkpointing, compile and data-parallel wrappers see the parameters
     phase = "wrap"
     choices = tuple(OPTIMIZERS)
+    tuning = (Tune("adamw_torch_fused", rank=60, label="fused AdamW"),
+              Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True))
 
     def apply(self, ctx: BuildContext, value: str) -> None:
         ok, why = choice_available(value)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import ConfigError, ToggleUnavailable
-from ..inference.quantization import METHODS, method_available, quantize_model
-from .base import BuildContext, Toggle
+from ..inference.quantization import INT4_METHODS, INT8_METHODS, METHODS, method_available, quantize_model
+from .base import BuildContext, Toggle, Tune
 
 
 class Quantize(Toggle):
@@ -18,6 +18,9 @@ class Quantize(Toggle):
     loops = ("generate",)
     choices = tuple(METHODS)  # the methods (inference/quantization.py): each library imported only when chosen
     changes_weights = True
+    # the first int8 and the first 4-bit method that run here, as the inference ladder picks them
+    tuning = (Tune(INT8_METHODS, rank=70, loop="generate", label="int8 weights"),
+              Tune(INT4_METHODS, rank=80, loop="generate", label="4-bit weights"))
     plan_note = 'quantize applies to generation only (scalekit.generate): it never runs in a training step'
 
     def available(self, hw) -> tuple[bool, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class SDPA(Toggle):
@@ -13,6 +13,7 @@ class SDPA(Toggle):
     group = "kernels"
     phase = "model_config"
     loops = ("train", "generate")
+    tuning = (Tune(rank=40), Tune(rank=40, loop="generate"))
     gpt_only = True  # the built-in GPT's switch, or a model family's (Hugging Face: attn_implementation)
 
     def applies_to(self, adapter) -> tuple[bool, str]:

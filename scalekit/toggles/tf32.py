@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class TF32(Toggle):
@@ -15,6 +15,7 @@ class TF32(Toggle):
     group = "precision"
     phase = "process"
     loops = ("train", "generate")
+    tuning = (Tune(rank=10),)
     plan_note = 'tf32 changes how matmuls round, not the size of any tensor'
 
     def available(self, hw) -> tuple[bool, str]:

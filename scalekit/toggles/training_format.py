@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class TrainingFormat(Toggle):
@@ -12,6 +12,7 @@ class TrainingFormat(Toggle):
     helps_when = "reading, decoding and tokenizing raw text is part of every sample's cost (on every epoch)"
     group = "data"
     phase = "data"
+    tuning = (Tune(rank=90),)
     gpt_only = True  # the built-in corpus's pipeline
     plan_note = "training_format changes where the input pipeline reads its tokens, not a step's memory"
 

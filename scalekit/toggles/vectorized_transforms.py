@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, Tune
 
 
 class VectorizedTransforms(Toggle):
@@ -12,6 +12,7 @@ class VectorizedTransforms(Toggle):
     helps_when = "a per-sample Python transform (augmentation, masking, noise) is a share of the data wait"
     group = "data"
     phase = "data"
+    tuning = (Tune(rank=100),)
     gpt_only = True  # the built-in corpus's pipeline
     plan_note = ('vectorized_transforms changes how the input pipeline transforms a batch (its temporaries are '
                  "the size of one batch), not a step's memory")
