@@ -16,13 +16,13 @@ import torch
 
 from .errors import ConfigError
 from .files import check_writable, write_atomic
-from .toggles.lora import import_peft
+from .optional import quiet_import
 
 FORMAT = "scalekit-adapters/1"
 
 
 def _peft_model(model):
-    peft = import_peft()
+    peft = quiet_import("peft")
     if not isinstance(model, peft.PeftModel):
         raise ConfigError(f"adapters: expected a model with LoRA/DoRA adapters (a peft PeftModel, what the lora and "
                           f"dora toggles build), got {type(model).__name__}")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import RunConfig
-from .engine import is_out_of_memory, run
-from .errors import ConfigError
+from .engine import run
+from .errors import ConfigError, is_out_of_memory
 from .hardware import detect
 
 MULTIPLE = 8  # look between powers of two in steps of this

@@ -352,7 +352,7 @@ def toggle_page(t) -> str:
 
 def cmd_tune(args, stop) -> int:
     from .autotune import autotune
-    from .autotune.search import NothingFits
+    from .errors import NothingFits
 
     cfg = _generate_config(args, dict(args.toggle), ladder=True) if args.generate else _config(args, dict(args.toggle))
     if args.generate and args.export:

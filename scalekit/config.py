@@ -13,7 +13,7 @@ import torch
 from .checks import check_bool, check_device, check_label, int_in
 from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
 from .errors import ConfigError, ToggleUnavailable
-from .models.families import model_adapter
+from .families import model_adapter
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import TOGGLES, check_combination, normalise
 

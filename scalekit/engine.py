@@ -21,6 +21,7 @@ from . import distributed, hardware, plan
 from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
+from .errors import plain_error
 from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
@@ -312,26 +313,3 @@ def _memory_breakdown(ctx: BuildContext, result: RunResult, grads_bytes: int | N
     result.optimizer_state_bytes = memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer))
     rest = result.params_bytes + result.grads_bytes + result.optimizer_state_bytes
     result.activations_bytes = max(0, result.peak_mem_bytes - rest)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's "DefaultCPUAllocator: can't allocate memory"."""
-    text = str(exc).lower()
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text \
-        or "can't allocate memory" in text
-
-
-def plain_error(exc: BaseException) -> str:
-    """A failure in words a user can act on, without the traceback."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    if "Original Traceback" in str(exc):  # raised again from a DataLoader worker: say what the worker raised
-        text = f"{text.rstrip('.')}: {lines[-1].strip()}"
-    if is_out_of_memory(exc):
-        return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
-    if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
-        # torch says one or the other, depending on which of its checks sees the dead worker first
-        return f"a data-loader worker process died (killed, or it crashed outside Python): {text[:300]}"
-    if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:
-        return f"torch.compile failed: {type(exc).__name__}: {text[:300]}"
-    return f"{type(exc).__name__}: {text[:300]}"

@@ -1,4 +1,8 @@
-"""Errors a user can act on: each names the field and the values it allows."""
+"""Errors a user can act on: each names the field and the values it allows; and failures said in plain words."""
+
+from __future__ import annotations
+
+import torch
 
 
 class ConfigError(ValueError):
@@ -7,3 +11,38 @@ class ConfigError(ValueError):
 
 class ToggleUnavailable(ConfigError):
     """A toggle was asked for that this machine or this model cannot provide; the message says why."""
+
+
+class PlanUnavailable(ConfigError):
+    """The planner could not trace the step on fake tensors (the message says why); measure the run instead."""
+
+
+class NothingFits(RuntimeError):
+    """No configuration autotune tried fits the memory budget; `search` holds what was tried."""
+
+    def __init__(self, message: str, search):
+        super().__init__(message)
+        self.search = search
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's "DefaultCPUAllocator: can't allocate memory"."""
+    text = str(exc).lower()
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text \
+        or "can't allocate memory" in text
+
+
+def plain_error(exc: BaseException) -> str:
+    """A failure in words a user can act on, without the traceback."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if "Original Traceback" in str(exc):  # raised again from a DataLoader worker: say what the worker raised
+        text = f"{text.rstrip('.')}: {lines[-1].strip()}"
+    if is_out_of_memory(exc):
+        return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
+    if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
+        # torch says one or the other, depending on which of its checks sees the dead worker first
+        return f"a data-loader worker process died (killed, or it crashed outside Python): {text[:300]}"
+    if type(exc).__module__.startswith("torch._dynamo") or "inductor" in type(exc).__module__:
+        return f"torch.compile failed: {type(exc).__name__}: {text[:300]}"
+    return f"{type(exc).__name__}: {text[:300]}"

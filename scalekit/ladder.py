@@ -16,7 +16,7 @@ from .finetune import finetune_ladder
 from .hardware import detect
 from .inference.ladder import inference_ladder
 from .measure.results import RunResult
-from .models.families import model_adapter
+from .families import model_adapter
 from .toggles import TOGGLES
 
 LADDER = ("tf32", "bf16", "compile", "sdpa", "nice_numbers", "fused_adamw")

@@ -25,7 +25,7 @@ from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
-from .models.families import model_adapter
+from .families import model_adapter
 from .models.pretrained import load_pretrained
 from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 

@@ -23,7 +23,7 @@ from scalekit import ConfigError, RunConfig, checkpoint, run
 from scalekit.cli import main
 from scalekit.data import shakespeare
 from scalekit.data.loaders import FullBatches, TokenWindows
-from scalekit.engine import plain_error
+from scalekit.errors import plain_error
 from scalekit.files import write_atomic
 from tests.helpers import CPU, Regressor, mse_loss, regression_batch, tiny
 

@@ -10,8 +10,8 @@ import torch
 
 from scalekit.inference import GenerateConfig, generate
 from scalekit.inference.build import build_generation
-from scalekit.inference.quantization import METHODS, method_available
 from scalekit.inference.weights import weight_bytes, weight_bytes_by_dtype
+from scalekit.models.quantization import METHODS, method_available
 from scalekit.toggles import TOGGLES
 from tests.helpers import CPU, one_thread
 

@@ -15,10 +15,10 @@ import dataclasses
 
 from ..config import RunConfig
 from ..engine import run
-from ..errors import ConfigError
+from ..errors import ConfigError, PlanUnavailable
 from ..hardware import detect
-from ..models.families import model_adapter
-from ..plan import PlanUnavailable, estimate
+from ..families import model_adapter
+from ..plan import estimate
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import NothingFits
+
 MIN_GAIN = 0.02  # a change must be at least 2% faster to be kept, whatever the noise
 ROUNDS = 2  # paired rounds per candidate: best then candidate, then candidate then best
 DEADLINE_MARGIN = 0.05  # a measurement under way is stopped this share of the time budget before its end
@@ -159,12 +161,6 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
     return result
 
 
-class NothingFits(RuntimeError):
-    """No configuration tried fits the memory budget; `search` holds what was tried."""
-
-    def __init__(self, message: str, search: Search):
-        super().__init__(message)
-        self.search = search
 
 
 def _candidate(best, label: str, change: dict) -> Candidate:

@@ -4,7 +4,7 @@ the toggles reach them the Transformers way.
     spec = scalekit.hf.causal_lm("gpt2", preset="tiny")     # or "llama", a transformers config, or a model
     scalekit.run(RunConfig(model=spec, toggles=["sdpa", "checkpointing"]))
 
-`HFCausalLM` is a `ModelAdapter` (scalekit.models.adapter): every run builds the model fresh from it (from
+`HFCausalLM` is a `ModelAdapter` (scalekit.models.family): every run builds the model fresh from it (from
 the config, or as a copy of a model you passed), with the toggles' changes made the Transformers way:
 `attn_implementation="sdpa"` (else "eager"), `resize_token_embeddings(..., pad_to_multiple_of=64)`,
 `activation_checkpointing_enable(...)` (`gradient_checkpointing_enable` on older transformers).  Its default
@@ -27,7 +27,7 @@ import torch
 
 from ..data import shakespeare_batches, synthetic_batches
 from ..errors import ConfigError, ToggleUnavailable
-from ..models.adapter import ModelAdapter
+from ..models.family import ModelAdapter
 from ..models.presets import CHAR_VOCAB, PRESETS
 
 FAMILIES = ("gpt2", "llama")

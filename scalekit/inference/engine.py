@@ -17,7 +17,7 @@ import time
 import torch
 
 from .. import hardware
-from ..engine import plain_error
+from ..errors import plain_error
 from ..measure import memory
 from ..measure.timing import Spread
 from ..toggles import BuildContext

@@ -14,12 +14,11 @@ import dataclasses
 
 from ..config import RunConfig
 from ..hardware import detect
+from ..models.quantization import INT4_METHODS, INT8_METHODS
 from ..toggles import TOGGLES
 from .config import GenerateConfig
 from .engine import generate
-from .quantization import INT4_METHODS, INT8_METHODS
 from .results import GenerateResult
-
 
 # (label, the toggles this rung sets; None marks "the first quantization method of this list that runs here")
 INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (

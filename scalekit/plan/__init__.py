@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .. import distributed
 from ..checks import micro_batch_rows
 from ..config import RunConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, PlanUnavailable
 from ..hardware import detect, gpu_count_without_cuda_init
 from ..models import GPT
 from ..models.blocks import block_linears
@@ -31,7 +31,7 @@ from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles
 from .estimate import Estimate
 from .gpt import gpt_estimate
 from .ranks import per_rank
-from .traced import PlanUnavailable, planning_hardware, traced_estimate
+from .traced import planning_hardware, traced_estimate
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -24,17 +24,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import training
-from ..errors import ConfigError
+from ..errors import PlanUnavailable
 from ..hardware import Hardware
 from ..measure import memory
 from ..toggles import TOGGLES
 from ..toggles.optim import EIGHT_BIT
 from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
-
-
-class PlanUnavailable(ConfigError):
-    """The step could not be traced on fake tensors (the message says why); measure the run instead."""
 
 
 def planning_hardware(device_type: str) -> Hardware:

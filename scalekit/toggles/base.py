@@ -187,7 +187,7 @@ class Toggle:
 
     def applies_to(self, adapter: Any) -> tuple[bool, str]:
         """Whether it applies to a model other than the built-in GPT (RunConfig.model): `adapter` is that model's
-        family adapter (scalekit.models.adapter.ModelAdapter), or None for a plain nn.Module; (False, why) if not,
+        family adapter (scalekit.models.family.ModelAdapter), or None for a plain nn.Module; (False, why) if not,
         `why` said of the toggle ("changes the built-in GPT ...")."""
         if self.gpt_only:
             return False, ("changes the built-in GPT and does not apply to your own model (RunConfig.model): a plain "
@@ -240,7 +240,8 @@ class Toggle:
 
 
 def _called_functions(cls: type) -> list:
-    """cls.apply, then every function (or class) of cls's module that it calls, directly or through them."""
+    """cls.apply, then every function (or class) of its module that it calls, directly or through them, and the
+    functions of scalekit's lower layers (models/, data/) those call, one level deep: the code the toggle runs."""
     module = inspect.getmodule(cls)
     seen: list = []
     todo = [cls.apply]
@@ -249,10 +250,19 @@ def _called_functions(cls: type) -> list:
         if fn in seen:
             continue
         seen.append(fn)
+        home = inspect.getmodule(fn)
+        if home is not module:
+            continue  # a lower layer's function is shown, not followed further
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
             called = node.func if isinstance(node, ast.Call) else None
-            target = getattr(module, called.id, None) if isinstance(called, ast.Name) else None
-            if target is not None and inspect.getmodule(target) is module and \
+            target = getattr(home, called.id, None) if isinstance(called, ast.Name) else None
+            if target is not None and _shown(inspect.getmodule(target), module) and \
                     (inspect.isfunction(target) or inspect.isclass(target)):
                 todo.append(target)
     return seen
+
+
+def _shown(where, module) -> bool:
+    """A function of the toggle's own module, or of the layers below the toggles that do a toggle's work."""
+    name = getattr(where, "__name__", "")
+    return where is module or name.startswith(("scalekit.models.", "scalekit.data."))

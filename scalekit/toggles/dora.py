@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import BuildContext
 from .counted import CountToggle
-from .lora import add_adapters, peft_available
+from ..models.lora import add_adapters, peft_available
 
 
 class DoRA(CountToggle):
@@ -25,7 +25,8 @@ class DoRA(CountToggle):
         return peft_available()
 
     def apply(self, ctx: BuildContext, rank: int) -> None:
-        add_adapters(ctx, rank, use_dora=True)
+        ctx.model, note = add_adapters(ctx.base_model, rank, use_dora=True, names=ctx.config.adapter_targets)
+        ctx.notes.append(note)
 
 
     def plan(self, facts, value) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError, ToggleUnavailable
-from ..inference.quantization import INT4_METHODS, INT8_METHODS, METHODS, method_available, quantize_model
+from ..models.quantization import INT4_METHODS, INT8_METHODS, METHODS, method_available, quantize_model
 from .base import BuildContext, Toggle, Tune
 
 
@@ -16,7 +16,7 @@ class Quantize(Toggle):
     kind = "both"
     phase = "wrap"  # a module swap on the built model, before compile wraps it
     loops = ("generate",)
-    choices = tuple(METHODS)  # the methods (inference/quantization.py): each library imported only when chosen
+    choices = tuple(METHODS)  # the methods (models/quantization.py): each library imported only when chosen
     changes_weights = True
     # the first int8 and the first 4-bit method that run here, as the inference ladder picks them
     tuning = (Tune(INT8_METHODS, rank=70, loop="generate", label="int8 weights"),

@@ -8,41 +8,22 @@ import warnings
 import torch
 
 from .base import BuildContext, Toggle
-from .lora import adapter_targets
-from .optim import import_bitsandbytes
+from ..models.lora import adapter_targets
+from ..models.quantization import bnb_linear
 
 MODES = ("nf4", "fp4", "int8")
 
 
-def quantized_linear(bnb, old: torch.nn.Linear, mode: str, compute_dtype: torch.dtype) -> torch.nn.Module:
-    """A frozen bitsandbytes layer holding `old`'s weights in `mode` (quantized when moved to its device)."""
-    bias = old.bias is not None
-    if mode == "int8":
-        new = bnb.nn.Linear8bitLt(old.in_features, old.out_features, bias=bias, has_fp16_weights=False)
-        new.weight = bnb.nn.Int8Params(old.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
-    else:
-        new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=bias, compute_dtype=compute_dtype,
-                                quant_type=mode)
-        new.weight = bnb.nn.Params4bit(old.weight.data.clone(), requires_grad=False, quant_type=mode)
-        # bitsandbytes repacks a 4-bit weight for AVX512-BF16 inference the first time the layer runs in eval
-        # mode on such a CPU, after which training through it fails ("a view of a leaf Variable ... in-place"):
-        # a base being fine-tuned is evaluated between steps, so it keeps the training layout
-        new.support_avx512bf16_for_cpu = False
-    if bias:
-        new.bias = torch.nn.Parameter(old.bias.data.clone(), requires_grad=False)
-    return new.to(old.weight.device)
-
-
 def quantize_targets(ctx: BuildContext, mode: str) -> int:
     """Swap every adapter target for its quantized layer; returns the fp32 bytes replaced."""
-    bnb = import_bitsandbytes()
     model = ctx.base_model
     replaced = 0
-    for name in adapter_targets(ctx):
+    for name in adapter_targets(model, ctx.config.adapter_targets):
         old = model.get_submodule(name)
         parent, _, attr = name.rpartition(".")
+        # LLM.int8()'s outlier split off (threshold 0) for a base trained through: every column quantized
         setattr(model.get_submodule(parent) if parent else model, attr,
-                quantized_linear(bnb, old, mode, ctx.compute_dtype or torch.float32))
+                bnb_linear(old, mode, ctx.compute_dtype or torch.float32, int8_threshold=0.0, for_training=True))
         replaced += old.weight.numel() * old.weight.element_size()
     # peft picks its bitsandbytes LoRA layers only for a model that says it is loaded quantized
     model.is_loaded_in_4bit = mode != "int8"

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..files import check_writable, write_atomic
 from ..hardware import detect
 from ..measure.results import RunResult, StepRecord
-from ..models.families import model_adapter
+from ..families import model_adapter
 from ..plots import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel

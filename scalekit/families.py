@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hf.model import HFCausalLM, is_hf_model
-from .adapter import ModelAdapter
+from .hf.model import HFCausalLM, is_hf_model
+from .models.family import ModelAdapter
 
 
 def model_adapter(model: Any) -> ModelAdapter | None:

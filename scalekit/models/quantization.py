@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..models.blocks import find_blocks
 from ..optional import quiet_import
+from .blocks import find_blocks
 
 # method -> (library it needs, what it does, in a line)
 METHODS: dict[str, tuple[str, str]] = {
@@ -104,27 +104,33 @@ def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch
     return len(targets)
 
 
-def bnb_int8(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> torch.nn.Module:
+def bnb_linear(linear: torch.nn.Module, mode: str, compute_dtype: torch.dtype, int8_threshold: float = 6.0,
+               for_training: bool = False) -> torch.nn.Module:
+    """A frozen bitsandbytes layer holding `linear`'s weights in `mode` ('int8', 'nf4' or 'fp4'), quantized when
+    it is moved to the weight's device.  int8 is LLM.int8(): int8 rows with one fp32 scale each (SCB), and
+    activation columns above `int8_threshold` kept in float (0: none); 4-bit packs two values per byte with
+    an absmax per block of 64, itself quantized (nested).  for_training: a base that adapters train through
+    (the quantized_base toggle) keeps the layout backward needs."""
     bnb = quiet_import("bitsandbytes")
-    device = linear.weight.device
-    layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                has_fp16_weights=False, threshold=6.0, device="meta")
-    layer.weight = bnb.nn.Int8Params(linear.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
-    if linear.bias is not None:
+    device, bias = linear.weight.device, linear.bias is not None
+    weight = linear.weight.data.clone()
+    if mode == "int8":
+        layer = bnb.nn.Linear8bitLt(weight.shape[1], weight.shape[0], bias=bias, has_fp16_weights=False,
+                                    threshold=int8_threshold, device="meta")
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    else:
+        layer = bnb.nn.Linear4bit(weight.shape[1], weight.shape[0], bias=bias, compute_dtype=compute_dtype,
+                                  quant_type=mode, device="meta")
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=mode, blocksize=64,
+                                         compress_statistics=True)
+        if for_training:
+            # bitsandbytes repacks a 4-bit weight for AVX512-BF16 inference the first time the layer runs in eval
+            # mode on such a CPU, after which training through it fails ("a view of a leaf Variable ... in-place"):
+            # a base being fine-tuned is evaluated between steps, so it keeps the training layout
+            layer.support_avx512bf16_for_cpu = False
+    if bias:
         layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-    return layer.to(device)  # moving it quantizes the weight: int8 rows and one fp32 scale per row (SCB)
-
-
-def bnb_4bit(linear: torch.nn.Linear, compute_dtype: torch.dtype, quant_type: str) -> torch.nn.Module:
-    bnb = quiet_import("bitsandbytes")
-    device = linear.weight.device
-    layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              compute_dtype=compute_dtype, quant_type=quant_type, device="meta")
-    layer.weight = bnb.nn.Params4bit(linear.weight.data.clone(), requires_grad=False, quant_type=quant_type,
-                                     blocksize=64, compress_statistics=True)
-    if linear.bias is not None:
-        layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-    return layer.to(device)  # moving it quantizes: two 4-bit values per byte, a quantized absmax per 64
+    return layer.to(device)
 
 
 def hqq_linear(linear: torch.nn.Linear, compute_dtype: torch.dtype, nbits: int) -> torch.nn.Module:
@@ -164,9 +170,9 @@ def quantize_model(model: torch.nn.Module, method: str, compute_dtype: torch.dty
     if method.startswith("torchao-"):
         return torchao_quantize(model, method, device_type)
     makers = {
-        "bnb-int8": lambda lin: bnb_int8(lin, compute_dtype),
-        "bnb-nf4": lambda lin: bnb_4bit(lin, compute_dtype, "nf4"),
-        "bnb-fp4": lambda lin: bnb_4bit(lin, compute_dtype, "fp4"),
+        "bnb-int8": lambda lin: bnb_linear(lin, "int8", compute_dtype),
+        "bnb-nf4": lambda lin: bnb_linear(lin, "nf4", compute_dtype),
+        "bnb-fp4": lambda lin: bnb_linear(lin, "fp4", compute_dtype),
         "hqq-8bit": lambda lin: hqq_linear(lin, compute_dtype, 8),
         "hqq-4bit": lambda lin: hqq_linear(lin, compute_dtype, 4),
         "hqq-2bit": lambda lin: hqq_linear(lin, compute_dtype, 2),

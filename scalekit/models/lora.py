@@ -1,0 +1,46 @@
+"""LoRA and DoRA adapters on a model's linear layers, through peft: the machinery the lora, dora and
+quantized_base toggles share (peft imported only when adapters are added)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ..errors import ToggleUnavailable
+from ..optional import quiet_import
+from .blocks import block_linears, is_conv1d
+
+
+def peft_available() -> tuple[bool, str]:
+    if importlib.util.find_spec("peft") is None:
+        return False, "LoRA and DoRA need peft, which is not installed (pip install peft)"
+    return True, ""
+
+
+def adapter_targets(model: torch.nn.Module, names=None) -> list[str]:
+    """The linear layers adapters go on: every nn.Linear (or transformers' Conv1D, as in GPT-2) inside the
+    model's repeated blocks (one rule, scalekit.models.blocks), or those whose own name is in `names`
+    (RunConfig.adapter_targets)."""
+    targets = block_linears(model, names, conv1d=True)
+    if not targets:
+        what = f"named {list(names)}" if names else "at all"
+        raise ToggleUnavailable(f"adapters need linear layers inside the model's repeated blocks, and there are "
+                                f"none {what}; RunConfig.adapter_targets names the layers to use")
+    return targets
+
+
+def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) -> tuple[torch.nn.Module, str]:
+    """peft's LoRA (or DoRA) layers on the targets, everything else frozen: (the PeftModel, a note saying what
+    trains).  peft puts its layers into `model` in place and wraps it."""
+    peft = quiet_import("peft")
+    targets = adapter_targets(model, names)
+    modules = dict(model.named_modules())
+    # Conv1D stores its weight (in, out): peft must know, or its update would be transposed
+    fan_in_fan_out = all(is_conv1d(modules[t]) for t in targets)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
+                             use_dora=use_dora, init_lora_weights=True, fan_in_fan_out=fan_in_fan_out)
+    wrapped = peft.get_peft_model(model, config)
+    kind = "DoRA" if use_dora else "LoRA"
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"
