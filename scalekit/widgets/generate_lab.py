@@ -24,38 +24,11 @@ from ..engine import plain_error
 from ..errors import ConfigError
 from ..files import check_writable, write_atomic
 from ..hardware import detect
-from ..inference import GenerateConfig, GenerateResult, TokenRecord, compare_generations, generate
+from ..inference import GenerateConfig, GenerateResult, TokenRecord, generate
 from ..toggles import ORDER
 from .generate_plots import GenerationPlots
+from .generate_table import results_frame, results_html
 from .panel import TogglePanel
-
-COLUMNS = {"#": "#", "run": "configuration", "status": "status", "batch": "batch",
-           "decode_tokens_per_s": "decode tok/s", "speedup": "speed-up", "decode_ms": "ms/token",
-           "decode_ms_p90": "p90 ms", "ttft_ms": "TTFT ms", "weight_mb": "weights MB", "kv_cache_mb": "KV MB",
-           "perplexity": "perplexity", "agreement": "agreement", "compile_s": "compile s", "note": "note"}
-
-
-def results_frame(runs: list[tuple[int, GenerateResult]]):
-    df = compare_generations([r for _, r in runs])
-    df.insert(0, "#", [n for n, _ in runs])
-    return df.reindex(columns=list(COLUMNS))
-
-
-def _fmt(column: str, value) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    formats = {"speedup": "{:.2f}×", "agreement": "{:.1%}", "decode_tokens_per_s": "{:,.0f}", "perplexity": "{:.3f}"}
-    if column in formats:
-        return formats[column].format(value)
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
-
-
-def results_html(df) -> str:
-    head = "".join(f"<th style='padding:2px 8px'>{COLUMNS[c]}</th>" for c in df.columns)
-    rows = ["<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(_fmt(c, row[c]))}</td>" for c in df.columns)
-            + "</tr>" for _, row in df.iterrows()]
-    return (f"<table class='scalekit-results' style='border-collapse:collapse;font-size:0.9em'><thead><tr>{head}"
-            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 class GenerateLab:
