@@ -7,76 +7,46 @@
 Each Run builds the model fresh with the chosen toggles and calls `scalekit.generate` in a background
 thread; the generated text appears as it is produced, and a view thread redraws plots and text at most
 `updates_per_s` times a second.  Stop ends the generation before its next token and keeps what it made.
-Whatever a run raises, the controls come back in a `finally`.
+Whatever a run raises, the controls come back in a `finally`.  The threads, Run/Stop, the status line,
+the error capture and the save buttons are the base both Labs share (runner.py); this file holds the
+generation's own: its controls, its config, the text as tokens come.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import html
-import json
 import threading
-import traceback
 
 import ipywidgets as w
 
-from ..engine import plain_error
-from ..errors import ConfigError
-from ..files import check_writable, write_atomic
-from ..hardware import detect
-from ..inference import GenerateConfig, GenerateResult, TokenRecord, compare_generations, generate
+from ..inference import GenerateConfig, GenerateResult, TokenRecord, generate
 from ..toggles import ORDER
 from .generate_plots import GenerationPlots
+from .generate_table import results_frame, results_html
 from .panel import TogglePanel
-
-COLUMNS = {"#": "#", "run": "configuration", "status": "status", "batch": "batch",
-           "decode_tokens_per_s": "decode tok/s", "speedup": "speed-up", "decode_ms": "ms/token",
-           "decode_ms_p90": "p90 ms", "ttft_ms": "TTFT ms", "weight_mb": "weights MB", "kv_cache_mb": "KV MB",
-           "perplexity": "perplexity", "agreement": "agreement", "compile_s": "compile s", "note": "note"}
+from .runner import Runner
 
 
-def results_frame(runs: list[tuple[int, GenerateResult]]):
-    df = compare_generations([r for _, r in runs])
-    df.insert(0, "#", [n for n, _ in runs])
-    return df.reindex(columns=list(COLUMNS))
-
-
-def _fmt(column: str, value) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    formats = {"speedup": "{:.2f}×", "agreement": "{:.1%}", "decode_tokens_per_s": "{:,.0f}", "perplexity": "{:.3f}"}
-    if column in formats:
-        return formats[column].format(value)
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
-
-
-def results_html(df) -> str:
-    head = "".join(f"<th style='padding:2px 8px'>{COLUMNS[c]}</th>" for c in df.columns)
-    rows = ["<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(_fmt(c, row[c]))}</td>" for c in df.columns)
-            + "</tr>" for _, row in df.iterrows()]
-    return (f"<table class='scalekit-results' style='border-collapse:collapse;font-size:0.9em'><thead><tr>{head}"
-            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
-
-
-class GenerateLab:
+class GenerateLab(Runner):
     """Inference toggles, a prompt, Run/Stop, live per-token plots, the text as it comes, a results table."""
+
+    result_type = GenerateResult
+    shown_statuses = ("ok", "stopped")  # a generation that produced tokens
+    export_name = "scalekit-generate"
+    thread_name = "scalekit-generate"
+    _frame = staticmethod(results_frame)
+    _html = staticmethod(results_html)
 
     def __init__(self, model="shakespeare-char", *, prompts="ROMEO:", max_new_tokens: int = 200,
                  device: str = "auto", updates_per_s: float = 4.0, hw=None, **config):
         self.base_config = GenerateConfig(model=model, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
                                           **config)
-        if isinstance(updates_per_s, bool) or not isinstance(updates_per_s, (int, float)) or not 0 < updates_per_s <= 60:
-            raise ConfigError(f"Lab.updates_per_s must be a number in (0, 60] (redraws per second), got {updates_per_s!r}")
-        self.hw = hw or detect(device)
-        self.update_interval_s = 1.0 / updates_per_s
-        self.runs: list[tuple[int, GenerateResult]] = []
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._number = 0
+        super().__init__(hw, device, updates_per_s)  # Run/Stop, status, messages, the table, save buttons
         self._lock = threading.Lock()
         self._texts: list[str] = []  # the text of the run going on, one per prompt, grown as tokens come
         self._tokens_seen = 0
-        self._status_text = "ready"
+        self._text_shown = None  # the text the view last drew
         self._make_widgets()
         self.widget = self._layout()
 
@@ -96,23 +66,10 @@ class GenerateLab:
         self.temperature = w.BoundedFloatText(value=cfg.temperature, min=0.0, max=100.0, step=0.1,
                                               description="temperature", style={"description_width": "initial"},
                                               layout=w.Layout(width="200px"))
-        self.run_button = w.Button(description="Run", button_style="success", icon="play")
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
-        self.csv_button = w.Button(description="Save CSV", icon="download")
-        self.json_button = w.Button(description="Save JSON", icon="download")
-        self.progress = w.IntProgress(value=0, min=0, max=cfg.max_new_tokens, layout=w.Layout(width="240px"))
-        self.status = w.HTML("ready")
-        self.message = w.HTML("")
+        self.progress.max = cfg.max_new_tokens
         self.text = w.HTML("", layout=w.Layout(width="920px"))
         self.text.add_class("scalekit-generated")
         self.plots = GenerationPlots()
-        self.table = w.HTML(results_html(results_frame([])))
-        self.table.add_class("scalekit-table")
-        self.log = w.Output()
-        self.run_button.on_click(self._guard(lambda _: self.start()))
-        self.stop_button.on_click(self._guard(lambda _: self.stop()))
-        self.csv_button.on_click(self._guard(lambda _: self._say(f"Saved {self.to_csv('scalekit-generate.csv')}")))
-        self.json_button.on_click(self._guard(lambda _: self._say(f"Saved {self.to_json('scalekit-generate.json')}")))
 
     def _layout(self) -> w.VBox:
         model = self.base_config.model if isinstance(self.base_config.model, str) else "your model"
@@ -125,21 +82,7 @@ class GenerateLab:
         widget.add_class("scalekit-lab")
         return widget
 
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
-
     # -- what a user (or a test) drives ------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def set(self, **values) -> None:
-        """Set controls by name, e.g. lab.set(kv_cache="static", quantize="hqq-4bit"); False is off."""
-        for key, value in values.items():
-            if key not in self.controls:
-                raise KeyError(f"no control {key!r}; controls: {', '.join(self.controls)}")
-            self.controls[key].set(value)
-
     def config(self) -> GenerateConfig:
         """The GenerateConfig the next Run would measure."""
         prompts = self.base_config.prompts if self._fixed_prompts else [self.prompt.value]
@@ -147,79 +90,26 @@ class GenerateLab:
                                    max_new_tokens=self.max_new_tokens.value, temperature=self.temperature.value,
                                    label=None)
 
-    def start(self) -> bool:
-        """What Run does: a generation of the current selection in the background; False if none started."""
-        if self.running:
-            return False
-        try:
-            cfg = self.config()
-            cfg.check_available(self.hw)
-        except Exception as exc:
-            self._say(f"Cannot run this: {plain_error(exc)}", error=True)
-            return False
-        self._number += 1
-        self._stop.clear()
+    # -- the generation's parts of a run ---------------------------------------------------------------
+    def _checked_config(self) -> GenerateConfig:
+        cfg = self.config()
+        cfg.check_available(self.hw)  # a prompt the tokenizer cannot encode, a toggle this device lacks
+        return cfg
+
+    def _prepare(self, cfg: GenerateConfig) -> None:
         self._texts = [self._prompt_text(cfg, i) for i in range(len(cfg.prompts))]
         self._tokens_seen = 0
+        self._text_shown = None  # the new run's text is drawn at the first redraw, whatever was shown before
         self.progress.max, self.progress.value = cfg.max_new_tokens, 0
-        self._say("")
-        self._lock_controls(True)
-        self._thread = threading.Thread(target=self._work, args=(self._number, cfg), daemon=True,
-                                        name=f"scalekit-generate-{self._number}")
-        self._thread.start()
-        return True
 
-    def stop(self) -> None:
-        """What Stop does: the generation ends before its next token; what it made is kept, marked stopped."""
-        self._stop.set()
-        self.stop_button.disabled = True
+    def _progress_now(self) -> int:
+        return self._tokens_seen
 
-    def wait(self, timeout: float | None = None) -> GenerateResult | None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"the generation did not finish within {timeout} s")
-        return self.runs[-1][1] if self.runs else None
-
-    @property
-    def results(self):
-        """The results table as a DataFrame: one row per generation that produced tokens (ok or stopped)."""
-        return results_frame([(n, r) for n, r in self.runs if r.status in ("ok", "stopped")])
-
-    def to_csv(self, path) -> str:
-        frame = self.results
-        write_atomic(check_writable(path, "Lab.to_csv path"), lambda f: frame.to_csv(f, index=False))
-        return str(path)
-
-    def to_json(self, path) -> str:
-        doc = {"results": json.loads(self.results.to_json(orient="records")),
-               "runs": [dict(number=n, **r.to_dict()) for n, r in self.runs]}
-        write_atomic(check_writable(path, "Lab.to_json path"), lambda f: json.dump(doc, f, indent=2, default=str))
-        return str(path)
-
-    # -- the generation's thread and the view's thread -------------------------------------------------
-    def _work(self, number: int, cfg: GenerateConfig) -> None:
-        key = f"#{number} {cfg.label or cfg.describe()}"
-        done = threading.Event()
-        view = threading.Thread(target=self._view, args=(done,), daemon=True, name=f"scalekit-generate-view-{number}")
-        view.start()
-        result = None
-        try:
-            result = generate(cfg, on_token=lambda record: self._on_token(key, record),
-                              on_status=lambda text: setattr(self, "_status_text", f"{key}: {text}"),
-                              stop=self._stop, hw=self.hw, catch_errors=True)
-        except BaseException as exc:  # anything a generation can raise, SystemExit from a user's model included
-            result = GenerateResult(label=cfg.label or cfg.describe(), config=cfg.to_dict(), status="failed",
-                                    error=plain_error(exc), device=self.hw.device_name)
-        finally:
-            done.set()
-            view.join()
-            try:
-                self._finish(number, key, result)
-            except BaseException:
-                self.log.append_stderr(traceback.format_exc())
-            finally:
-                self._lock_controls(False)  # the Lab stays usable, whatever happened
+    def _measure(self, cfg: GenerateConfig, key: str) -> GenerateResult:
+        """In the run's thread: `scalekit.generate`, its tokens to the plots and the text."""
+        return generate(cfg, on_token=lambda record: self._on_token(key, record),
+                        on_status=lambda text: self._note_status(f"{key}: {text}"),
+                        stop=self._stop, hw=self.hw, catch_errors=True)
 
     def _on_token(self, key: str, record: TokenRecord) -> None:
         self.plots.add(key, record)
@@ -228,34 +118,26 @@ class GenerateLab:
                 self._texts[i] += piece
             self._tokens_seen = record.index + 1
 
-    def _view(self, done: threading.Event) -> None:
-        shown = None
-        while True:
-            finished = done.wait(self.update_interval_s)
-            try:
-                self.plots.flush()
-                with self._lock:
-                    text, seen = "\n\n".join(self._texts), self._tokens_seen
-                if text != shown:
-                    self.text.value, shown = _pre(text), text
-                self.progress.value = min(seen, self.progress.max)
-                self.status.value = html.escape(self._status_text)
-            except Exception:
-                self.log.append_stderr(traceback.format_exc())
-            if finished:
-                return
+    def _redraw_own(self) -> bool:
+        """The text so far, when it grew."""
+        with self._lock:
+            text = "\n\n".join(self._texts)
+        if text == self._text_shown:
+            return False
+        self.text.value, self._text_shown = _pre(text), text
+        return True
 
-    def _finish(self, number: int, key: str, result: GenerateResult) -> None:
-        self.runs.append((number, result))
-        if result.status == "failed":
-            self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
-        elif result.status == "stopped":
+    def _say_outcome(self, key: str, result: GenerateResult) -> None:
+        if result.status == "stopped":
             self._say(f"Run {key} stopped after {result.new_tokens} tokens; kept in the table as stopped.")
+
+    @staticmethod
+    def _rate(result: GenerateResult) -> str:
+        return f", {result.decode_tokens_per_s:,.0f} decode tokens/s" if result.decode_tokens_per_s else ""
+
+    def _show_result(self, result: GenerateResult) -> None:
         if result.texts:
             self.text.value = _pre("\n\n".join(result.texts))
-        self.table.value = results_html(self.results)
-        rate = f", {result.decode_tokens_per_s:,.0f} decode tokens/s" if result.decode_tokens_per_s else ""
-        self.status.value = html.escape(f"{key}: {result.status}{rate}")
 
     # -- small helpers -----------------------------------------------------------------------------
     @staticmethod
@@ -264,24 +146,9 @@ class GenerateLab:
         return p if isinstance(p, str) else cfg.get_tokenizer().decode(p) if cfg.tokenizer else ""
 
     def _lock_controls(self, locked: bool) -> None:
-        self.panel.set_locked(locked)
-        self.run_button.disabled = locked
-        self.stop_button.disabled = not locked
+        super()._lock_controls(locked)
         self.max_new_tokens.disabled = self.temperature.disabled = locked
         self.prompt.disabled = locked or self._fixed_prompts
-
-    def _say(self, text: str, error: bool = False) -> None:
-        colour = "#b91c1c" if error else "#374151"
-        self.message.value = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
-
-    def _guard(self, handler):
-        def wrapped(button):
-            try:
-                handler(button)
-            except Exception as exc:
-                self._say(plain_error(exc), error=True)
-                self.log.append_stderr(traceback.format_exc())
-        return wrapped
 
 
 def _pre(text: str) -> str:

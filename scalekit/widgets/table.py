@@ -44,25 +44,10 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
-def _fmt(column: str, value) -> str:
-    if value is None or _nan(value):
-        return "n/a" if column == "mfu" else "–"
-    if column in ("mfu", "data_wait_frac"):
-        return f"{value:.1%}"
-    if column in ("speedup", "mem_ratio"):
-        return f"{value:.2f}×"
-    if column == "tokens_per_s":
-        return f"{value:,.0f}"
-    if column in ("step_ms", "step_ms_iqr", "data_wait_ms", "peak_mem_mb", "compile_s"):
-        return f"{value:.2f}"
-    if column in ("final_loss", "heldout_before", "heldout_after"):
-        return f"{value:.4f}"
-    if column == "trainable_%":
-        return f"{value:.2f}%"
-    if column == "trainable_params":
-        return f"{int(value):,}"
-    return str(value)
-
+FORMATS = {"mfu": "{:.1%}", "data_wait_frac": "{:.1%}", "speedup": "{:.2f}×", "mem_ratio": "{:.2f}×",
+           "tokens_per_s": "{:,.0f}", "step_ms": "{:.2f}", "step_ms_iqr": "{:.2f}", "data_wait_ms": "{:.2f}",
+           "peak_mem_mb": "{:.2f}", "compile_s": "{:.2f}", "final_loss": "{:.4f}", "heldout_before": "{:.4f}",
+           "heldout_after": "{:.4f}", "trainable_%": "{:.2f}%", "trainable_params": "{:,.0f}"}
 
 HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "batch", "step_ms": "median step ms",
            "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "data_wait_ms": "data wait ms",
@@ -74,12 +59,27 @@ HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "
 
 
 def results_html(df: pd.DataFrame) -> str:
-    """A plain HTML table (no styling libraries), one <tr> per run in <tbody>."""
-    head = "".join(f"<th style='padding:2px 8px;text-align:right'>{HEADERS[c]}</th>" for c in df.columns)
+    """The training table as plain HTML; MFU on a device without a known peak reads "n/a"."""
+    return html_table(df, HEADERS, FORMATS, missing={"mfu": "n/a"})
+
+
+def html_table(df: pd.DataFrame, headers: dict[str, str], formats: dict[str, str], *,
+               missing: dict[str, str] | None = None, other=str) -> str:
+    """A plain HTML table (no styling libraries), one <tr> per run in <tbody>, for both Labs.
+
+    `formats` gives a column's format string; other values go through `other`; a missing value
+    (None, NaN) reads "–" unless `missing` names a column's own word.
+    """
+    def fmt(column: str, value) -> str:
+        if value is None or _nan(value):
+            return (missing or {}).get(column, "–")
+        return formats[column].format(value) if column in formats else other(value)
+
+    head = "".join(f"<th style='padding:2px 8px;text-align:right'>{headers[c]}</th>" for c in df.columns)
     rows = []
     for _, row in df.iterrows():
         cells = "".join(f"<td style='padding:2px 8px;text-align:{'left' if c in ('run', 'note') else 'right'}'>"
-                        f"{html.escape(_fmt(c, row[c]))}</td>" for c in df.columns)
+                        f"{html.escape(fmt(c, row[c]))}</td>" for c in df.columns)
         rows.append(f"<tr>{cells}</tr>")
     return (f"<table class='scalekit-results' style='border-collapse:collapse;font-size:0.9em'>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
