@@ -12,11 +12,11 @@ import dataclasses
 
 from .config import RunConfig
 from .engine import run
+from .families import model_adapter
 from .finetune import finetune_ladder
 from .hardware import detect
 from .inference.ladder import inference_ladder
 from .measure.results import RunResult
-from .families import model_adapter
 from .toggles import TOGGLES
 
 LADDER = ("tf32", "bf16", "compile", "sdpa", "nice_numbers", "fused_adamw")

@@ -20,12 +20,12 @@ from . import distributed, hardware
 from .config import RunConfig
 from .data import CountedBatches, LoaderBatches, raw_loader, shakespeare_loader, synthetic_batches
 from .errors import ConfigError
+from .families import model_adapter
 from .inference.evaluate import build_evaluator
 from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
-from .families import model_adapter
 from .models.pretrained import load_pretrained
 from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
 

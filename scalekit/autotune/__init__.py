@@ -16,8 +16,8 @@ import dataclasses
 from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError, PlanUnavailable
-from ..hardware import detect
 from ..families import model_adapter
+from ..hardware import detect
 from ..plan import estimate
 from ..toggles import TOGGLES
 from .changes import declared_changes

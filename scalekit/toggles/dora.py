@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..models.lora import add_adapters, peft_available
 from .base import BuildContext
 from .counted import CountToggle
-from ..models.lora import add_adapters, peft_available
 
 
 class DoRA(CountToggle):

@@ -7,9 +7,9 @@ import warnings
 
 import torch
 
-from .base import BuildContext, Toggle
 from ..models.lora import adapter_targets
 from ..models.quantization import bnb_linear
+from .base import BuildContext, Toggle
 
 MODES = ("nf4", "fp4", "int8")
 

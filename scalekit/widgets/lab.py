@@ -31,8 +31,8 @@ import plotly.graph_objects as go
 from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError
-from ..measure.results import RunResult, StepRecord
 from ..families import model_adapter
+from ..measure.results import RunResult, StepRecord
 from ..plots import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel
