@@ -17,9 +17,8 @@ import time
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..toggles.dataloader_num_workers import init_worker
 from .noise import MASK, MIX, seed32
-from .pipeline import LoaderBatches
+from .pipeline import LoaderBatches, init_worker
 
 ENV_MUL, STEP_MUL = 0x1B873593, 0x2F1E6D5B  # spread env ids and step numbers over 32 bits (both < 2**31)
 

@@ -3,6 +3,7 @@ and a way to end the DataLoader's worker processes when the run ends, however it
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import torch
@@ -13,6 +14,17 @@ def to_device(batch, device: torch.device, non_blocking: bool = False):
     """Every tensor of an (x, y) batch on `device`.  non_blocking=True returns before the copy is done, so the
     host can go on queueing work; it only overlaps anything when the host tensor is in pinned memory."""
     return tuple(t.to(device, non_blocking=non_blocking) for t in batch)
+
+
+def init_worker(worker_id: int) -> None:
+    """Runs first in each worker process."""
+    # GNU OpenMP cannot run a parallel region in a child forked after the parent ran one: the child waits
+    # for threads the fork did not copy.  On one thread there is no parallel region (torch's worker loop
+    # sets this too; it is said again here, where it matters)
+    torch.set_num_threads(1)
+    # Ctrl-C goes to the whole process group: the run (the main process) stops and then ends its workers;
+    # a worker that died of it first would turn a clean stop into "worker exited unexpectedly"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class LoaderBatches:

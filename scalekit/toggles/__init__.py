@@ -42,13 +42,14 @@ from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Toggle,
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
 # model's architecture, made before it is built; then module swaps on the built model (fine-tuning freezes
-# the base, quantizes it and adds adapters; optim's StableEmbedding) and wrappers, innermost first (activation checkpointing, then compile, then DDP/FSDP, so
-# the wrapper that shards sees compiled blocks; cpu_offload is a policy fsdp reads, so it comes just before
-# it); then the optimizer, which must see the final parameters; last the per-step behaviour (accumulation,
-# hooks after each step, and DeepSpeed, which takes over the model and optimizer built above).
-# Generation walks the same phases (loop="generate") with the toggles that apply to it: kv_cache is an
-# architecture choice, read by compile after it; quantize swaps the blocks' linear layers before compile
-# wraps the model; inference_mode is the context the decode loop runs in.
+# the base, quantizes it and adds adapters; optim's StableEmbedding) and wrappers, innermost first (activation
+# checkpointing, then compile, then DDP/FSDP, so the wrapper that shards sees compiled blocks; cpu_offload is
+# a policy fsdp reads, so it comes just before it); then the optimizer, which must see the final parameters;
+# last the per-step behaviour (accumulation, hooks after each step, and DeepSpeed, which takes over the model
+# and optimizer built above).  Generation walks the same phases (loop="generate") with the toggles that apply
+# to it: kv_cache chooses the cache the decode loop makes (the loop, not compile, reads it); quantize swaps
+# the blocks' linear layers before compile wraps the model; inference_mode is the context the loop runs in.
+# A toggle added by register() goes last in its phase, or after the toggle it names.
 ORDER: list[Toggle] = [
     tf32.TOGGLE,
     bf16.TOGGLE,

@@ -144,6 +144,14 @@ class Tune:
     instead_of: str = ""  # tried only where that toggle is unavailable (fp16 where there is no bf16)
 
 
+def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
+    """Available on a CUDA device; on the CPU, unavailable with the reason."""
+    if hw.device_type == "cuda":
+        return True, ""
+    return False, (f"{what} is about copying batches from host memory to a CUDA GPU; this run is on the CPU, "
+                   f"where batches are not copied at all")
+
+
 class Toggle:
     """One optimization.  Subclasses set the class attributes and implement `apply`."""
 

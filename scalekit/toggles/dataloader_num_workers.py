@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 
 import torch
 
+from ..data.pipeline import init_worker
 from .base import BuildContext, Tune
 from .counted import CountToggle
 
 PREFETCH_FACTOR = 2  # batches each worker prepares ahead (torch's default): 2 × workers batches in flight
 BATCH_TIMEOUT_S = 600  # a batch that takes longer than this means a worker is stuck: the run fails, it does not hang
-
-
-def init_worker(worker_id: int) -> None:
-    """Runs first in each worker process."""
-    # GNU OpenMP cannot run a parallel region in a child forked after the parent ran one: the child waits
-    # for threads the fork did not copy.  On one thread there is no parallel region (torch's worker loop
-    # sets this too; it is said again here, where it matters)
-    torch.set_num_threads(1)
-    # Ctrl-C goes to the whole process group: the run (the main process) stops and then ends its workers;
-    # a worker that died of it first would turn a clean stop into "worker exited unexpectedly"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class DataloaderNumWorkers(CountToggle):
@@ -40,10 +29,12 @@ class DataloaderNumWorkers(CountToggle):
     plan_note = ('dataloader_num_workers adds worker processes, each with its own memory (a few batches in flight '
                  'and a copy-on-write view of the dataset), outside this plan')
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data == "synthetic":
+            return "dataloader_num_workers changes nothing for synthetic data: it is made on the device"
+        return None
+
     def apply(self, ctx: BuildContext, workers: int) -> None:
-        if ctx.config.data == "synthetic":
-            ctx.notes.append("dataloader_num_workers changes nothing for synthetic data: it is made on the device")
-            return
         # the loader's sampler never ends, so the workers live for the whole run (what persistent_workers
         # gives a loader that is iterated once per epoch) and end with it (the run closes its pipeline)
         ctx.loader_kwargs.update(num_workers=workers, worker_init_fn=init_worker, prefetch_factor=PREFETCH_FACTOR,

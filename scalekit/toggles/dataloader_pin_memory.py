@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
-
-
-def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
-    """Available on a CUDA device; on the CPU, unavailable with the reason."""
-    if hw.device_type == "cuda":
-        return True, ""
-    return False, (f"{what} is about copying batches from host memory to a CUDA GPU; this run is on the CPU, "
-                   f"where batches are not copied at all")
+from .base import BuildContext, Toggle, Tune, needs_a_gpu
 
 
 class DataloaderPinMemory(Toggle):
@@ -27,10 +19,12 @@ class DataloaderPinMemory(Toggle):
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "pinned memory")
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data == "synthetic":
+            return "dataloader_pin_memory changes nothing for synthetic data: it is made on the device"
+        return None
+
     def apply(self, ctx: BuildContext, value) -> None:
-        if ctx.config.data == "synthetic":
-            ctx.notes.append("dataloader_pin_memory changes nothing for synthetic data: it is made on the device")
-            return
         # the DataLoader pins each batch in a thread of the training process, after the workers made it
         ctx.loader_kwargs["pin_memory"] = True
 

@@ -13,8 +13,8 @@ class KVCache(Toggle):
     helps_when = "generating more than a few tokens: without it step t re-reads all t tokens (quadratic in total)"
     group = "inference"
     kind = "both"
-    # a "model_config" toggle: it decides how the built-in GPT's attention runs in generation, and the
-    # wrappers of the "wrap" phase after it (compile) read it
+    # a "model_config" toggle: it decides how the built-in GPT's attention runs in generation (the decode loop
+    # reads ctx.kv_cache to make the cache); compile, after it, wraps whichever forward that is
     phase = "model_config"
     loops = ("generate",)
     choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
-from .dataloader_pin_memory import needs_a_gpu
+from .base import BuildContext, Toggle, Tune, needs_a_gpu
 
 
 class NonBlocking(Toggle):
@@ -20,10 +19,12 @@ class NonBlocking(Toggle):
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "non_blocking")
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data == "synthetic":
+            return "non_blocking changes nothing for synthetic data: it is made on the device"
+        return None
+
     def apply(self, ctx: BuildContext, value) -> None:
-        if ctx.config.data == "synthetic":
-            ctx.notes.append("non_blocking changes nothing for synthetic data: it is made on the device")
-            return
         # a blocking copy waits until it is done, so it also waits for every kernel queued before it; from
         # pageable memory CUDA stages the copy and still waits: only pinned memory makes it asynchronous
         ctx.non_blocking_copy = True
