@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +21,9 @@ from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
 from .errors import plain_error
-from .measure import flops as flops_mod
 from .measure import memory
 from .measure.results import RunResult, StepRecord
+from .measure.summary import summarise_steps
 from .measure.timing import Spread, step_timer, synchronize
 from .models.pretrained import heldout_loss
 from .toggles import BuildContext, needs_process_group
@@ -257,28 +256,10 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
 
 def _summarise(ctx: BuildContext, result: RunResult) -> None:
     cfg = ctx.config
-    measured = [s.step_ms for s in result.steps if not s.warmup]
-    result.step_ms = Spread.of(measured)
-    if result.steps:
-        result.first_step_ms = result.steps[0].step_ms
-    if measured:
-        median_s = result.step_ms.median / 1e3
-        steps = [s for s in result.steps if not s.warmup]
-        sizes = {s.tokens for s in steps}
-        if len(sizes) == 1:  # the tokens actually processed, which a user's batch_fn may make fewer
-            result.tokens_per_step = sizes.pop()
-            result.tokens_per_s = result.tokens_per_step / median_s
-        else:  # batches of different sizes (a user's batch_fn): the median of each step's own rate
-            result.tokens_per_s = statistics.median(s.tokens_per_s for s in steps)
-            result.notes.append("batches differed in size: tokens/s is the median of each step's tokens/s")
-        if ctx.compiled:
-            result.compile_s = max(0.0, (result.first_step_ms - result.step_ms.median) / 1e3)
-        if cfg.peak_tflops is not None:
-            result.peak_tflops, why = cfg.peak_tflops, "peak_tflops given in the config"
-        else:
-            result.peak_tflops, why = ctx.hw.peak_tflops(mfu_dtype(ctx))
-        result.mfu = flops_mod.mfu(result.flops_per_step, median_s, result.peak_tflops)
-        result.mfu_note = why if result.mfu is not None else f"n/a: {why}"
+    peak, why = (cfg.peak_tflops, "peak_tflops given in the config") if cfg.peak_tflops is not None else \
+        ctx.hw.peak_tflops(mfu_dtype(ctx))
+    if summarise_steps(result, peak, why) and ctx.compiled:
+        result.compile_s = max(0.0, (result.first_step_ms - result.step_ms.median) / 1e3)
     if result.losses:
         result.final_loss = result.losses[-1][1]
     if result.eval_s is not None and result.measured_wall_s:

@@ -23,7 +23,6 @@ Only warm-up steps carry the FLOP count and the memory probe, so the measured st
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,9 +34,9 @@ from transformers import TrainerCallback
 from ..errors import ConfigError
 from ..hardware import detect
 from ..measure import memory
-from ..measure.flops import mfu
 from ..measure.results import RunResult, StepRecord
-from ..measure.timing import Spread, step_timer, synchronize
+from ..measure.summary import summarise_steps
+from ..measure.timing import step_timer, synchronize
 
 
 class ScalekitCallback(TrainerCallback):
@@ -176,27 +175,16 @@ def _args_summary(args) -> dict:
 
 
 def _summarise(cb: ScalekitCallback, r: RunResult) -> None:
-    measured = [s for s in r.steps if not s.warmup]
-    r.step_ms = Spread.of([s.step_ms for s in measured])
-    r.first_step_ms = r.steps[0].step_ms if r.steps else None
     r.flops_per_step = cb.counted_flops
+    args = cb.result.config  # the Trainer's arguments: their precision fields say which peak MFU is read against
+    dtype = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "tf32" if args.get("tf32") else "fp32"
+    peak, why = (cb.peak_tflops, "peak_tflops given") if cb.peak_tflops else cb.hw.peak_tflops(dtype)
+    measured = summarise_steps(r, peak, why)
     if not measured:
         r.notes.append(f"no measured steps: the run had {len(r.steps)} steps, warmup_steps={cb.warmup_steps}")
         return
-    sizes = {s.tokens for s in measured}
-    if len(sizes) == 1:
-        r.tokens_per_step = sizes.pop()
-        r.tokens_per_s = r.tokens_per_step / (r.step_ms.median / 1e3)
-    else:  # a short last batch: the median of each step's own rate
-        r.tokens_per_s = statistics.median(s.tokens_per_s for s in measured)
-        r.notes.append("steps differed in tokens: tokens/s is the median of each step's tokens/s")
     if cb.wall_t0 is not None and cb.wall_end > cb.wall_t0:
         r.tokens_per_s_wall = sum(s.tokens for s in measured) / (cb.wall_end - cb.wall_t0)
-    dtype = "bf16" if cb.result.config.get("bf16") else "fp16" if cb.result.config.get("fp16") else \
-        "tf32" if cb.result.config.get("tf32") else "fp32"
-    r.peak_tflops, why = (cb.peak_tflops, "peak_tflops given") if cb.peak_tflops else cb.hw.peak_tflops(dtype)
-    r.mfu = mfu(r.flops_per_step, r.step_ms.median / 1e3, r.peak_tflops)
-    r.mfu_note = why if r.mfu is not None else f"n/a: {why}"
     if cb.device.type == "cuda":
         r.peak_mem_bytes, r.peak_mem_reserved_bytes = memory.cuda_peak(cb.device)
         r.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"

@@ -6,16 +6,14 @@ chosen: importing it in a notebook's parent process gets in the way of launching
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
-import warnings
 from functools import partial
 
 import torch
 
 from ..errors import ToggleUnavailable
 from ..measure.memory import storage_bytes
+from ..optional import quiet_import
 from .base import BuildContext, Toggle, Tune
 
 # name -> (library, what it keeps per parameter)
@@ -43,16 +41,6 @@ def choice_available(value: str) -> tuple[bool, str]:
     return True, ""
 
 
-def import_bitsandbytes():
-    # its import prints a note about an optional `kernels` package: keep it out of the user's output
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import bitsandbytes
-
-    return bitsandbytes
-
-
 def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
     if value == "adamw_torch":
         return torch.optim.AdamW(params, lr=lr)
@@ -63,7 +51,7 @@ def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
     if value == "adafactor":
         # its lr is relative (a step is lr × the weight's RMS), not AdamW's: keep torch's default of 1e-2
         return torch.optim.Adafactor(params)
-    bnb = import_bitsandbytes()
+    bnb = quiet_import("bitsandbytes")
     cls = {"adamw_bnb_8bit": bnb.optim.AdamW8bit, "adam_bnb_8bit": bnb.optim.Adam8bit,
            "paged_adamw_8bit": bnb.optim.PagedAdamW8bit, "lion_8bit": bnb.optim.Lion8bit}[value]
     return cls(params, lr=lr)
@@ -141,7 +129,7 @@ class Optim(Toggle):
         if not ok:
             raise ToggleUnavailable(why)
         if value in EIGHT_BIT:
-            keep_embeddings_32bit(ctx, import_bitsandbytes())
+            keep_embeddings_32bit(ctx, quiet_import("bitsandbytes"))
             if value.startswith("paged") and ctx.device.type != "cuda":
                 ctx.notes.append("paged optimizer on CPU: bitsandbytes falls back to ordinary buffers")
         ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
