@@ -7,8 +7,6 @@ applied phase by phase, in the order scalekit.toggles fixes), warm up, measure, 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
 from collections.abc import Callable
@@ -20,9 +18,9 @@ from . import distributed, hardware, plan
 from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
-from .errors import plain_error
 from .measure import memory
 from .measure.results import RunResult, StepRecord
+from .measure.session import measured_run
 from .measure.summary import summarise_steps
 from .measure.timing import Spread, step_timer, synchronize
 from .models.pretrained import heldout_loss
@@ -64,22 +62,12 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
     if unchecked:
         result.notes.append(unchecked)
     group = None
-    try:
-        with contextlib.ExitStack() as stack:
-            # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
-            if needs_process_group(cfg.toggles):
-                group = distributed.setup(hw, stack, cfg.batch_size)
-            result = _build_and_measure(cfg, hw, stack, group, result, on_step, stop, status)
-    except Exception as exc:
-        # a rank that carried on would wait forever for the others: let the failure end the launch
-        if not catch_errors or group is not None:
-            raise
-        result.status = "failed"
-        result.error = plain_error(exc)
-    finally:
-        gc.collect()
-        if hw.device_type == "cuda":
-            torch.cuda.empty_cache()
+    # a rank that carried on after a failure would wait forever for the others: it ends the launch
+    with measured_run(result, hw.device_type, catch_errors, must_raise=lambda: group is not None) as stack:
+        # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
+        if needs_process_group(cfg.toggles):
+            group = distributed.setup(hw, stack, cfg.batch_size)
+        result = _build_and_measure(cfg, hw, stack, group, result, on_step, stop, status)
     status(f"{cfg.label}: {result.status}")
     return result
 

@@ -9,16 +9,14 @@ the training engine probes a compiled model); on a GPU from the allocator over t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import time
 
 import torch
 
 from .. import hardware
-from ..errors import plain_error
 from ..measure import memory
+from ..measure.session import measured_run
 from ..measure.timing import Spread
 from ..toggles import BuildContext
 from .build import build_generation
@@ -48,17 +46,8 @@ def generate(config: GenerateConfig | None = None, *, on_token=None, on_status=N
     status = on_status or (lambda message: None)
     result = GenerateResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
                             torch_version=torch.__version__)
-    try:
-        with contextlib.ExitStack() as stack:
-            _build_and_measure(cfg, hw, stack, result, on_token, stop, status)
-    except Exception as exc:
-        if not catch_errors:
-            raise
-        result.status, result.error = "failed", plain_error(exc)
-    finally:
-        gc.collect()
-        if hw.device_type == "cuda":
-            torch.cuda.empty_cache()
+    with measured_run(result, hw.device_type, catch_errors) as stack:
+        _build_and_measure(cfg, hw, stack, result, on_token, stop, status)
     status(f"{cfg.label}: {result.status}")
     return result
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import ipywidgets as w
 
-from ..engine import plain_error
-from ..errors import ConfigError
+from ..errors import ConfigError, plain_error
 from ..files import check_writable, write_atomic
 from ..hardware import detect
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from ..autotune import autotune
 from ..autotune.search import NothingFits
-from ..engine import plain_error
+from ..errors import plain_error
 
 MB = 2**20
 
