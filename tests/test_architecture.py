@@ -106,6 +106,57 @@ def test_the_multi_process_runtime_is_a_leaf_and_launch_only_starts_processes():
             assert not any(d.startswith("scalekit.launch") for d in deps), name
 
 
+# Imports only run down: each rule names a layer and the layers it must never import (upward, or sideways).
+NEVER = (
+    ("scalekit.models", ("scalekit.hf", "scalekit.toggles", "scalekit.inference", "scalekit.engine",
+                         "scalekit.training", "scalekit.widgets")),
+    ("scalekit.data", ("scalekit.toggles", "scalekit.models", "scalekit.inference", "scalekit.engine",
+                       "scalekit.widgets")),
+    ("scalekit.toggles", ("scalekit.inference", "scalekit.engine", "scalekit.training", "scalekit.plan",
+                          "scalekit.autotune", "scalekit.hf", "scalekit.widgets", "scalekit.launch")),
+    ("scalekit.measure", ("scalekit.toggles", "scalekit.engine", "scalekit.training", "scalekit.inference",
+                          "scalekit.widgets")),
+    ("scalekit.errors", ("scalekit",)),
+    ("scalekit.checks", ("scalekit.toggles", "scalekit.config", "scalekit.models")),
+)
+TOGGLE_HELPERS = ("scalekit.toggles.base", "scalekit.toggles.counted")  # what toggles may share
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in `graph` that breaks a NEVER rule, a toggle importing another toggle, or a module below the
+    widgets importing them (the package root, scalekit/__init__, is the façade over everything)."""
+    broken = []
+    for layer, never in NEVER:
+        for name, deps in graph.items():
+            if name == layer or name.startswith(layer + "."):
+                broken += [f"{name} imports {d}" for d in deps if any(d == n or d.startswith(n + ".") for n in never)
+                           and not d.startswith(layer)]
+    for name, deps in graph.items():
+        if name != "scalekit" and not name.startswith("scalekit.widgets"):
+            broken += [f"{name} imports {d} (nothing below the widgets imports them)" for d in deps
+                       if d.startswith("scalekit.widgets")]
+        if name.startswith("scalekit.toggles.") and name not in TOGGLE_HELPERS:
+            broken += [f"{name} imports the toggle {d}" for d in deps
+                       if d.startswith("scalekit.toggles.") and d not in TOGGLE_HELPERS]
+    return sorted(broken)
+
+
+def test_imports_only_run_down():
+    broken = upward_imports(import_graph())
+    assert not broken, "upward or sideways imports: " + "; ".join(broken)
+
+
+def test_the_import_rules_catch_what_they_forbid():
+    assert upward_imports({"scalekit.models.family": {"scalekit.hf.model"}}) == \
+        ["scalekit.models.family imports scalekit.hf.model"]
+    assert upward_imports({"scalekit.toggles.dora": {"scalekit.toggles.lora", "scalekit.toggles.base"}}) == \
+        ["scalekit.toggles.dora imports the toggle scalekit.toggles.lora"]
+    assert upward_imports({"scalekit.engine": {"scalekit.widgets.lab"}}) == \
+        ["scalekit.engine imports scalekit.widgets.lab (nothing below the widgets imports them)"]
+    assert upward_imports({"scalekit.toggles.quantize": {"scalekit.inference.engine"}}) == \
+        ["scalekit.toggles.quantize imports scalekit.inference.engine"]
+
+
 # -- the build context and the toggles' attributes --------------------------------------------------------
 CONTEXT_FIELDS = {f.name for f in dataclasses.fields(BuildContext)}
 

@@ -33,7 +33,7 @@ from ..engine import run
 from ..errors import ConfigError
 from ..families import model_adapter
 from ..measure.results import RunResult, StepRecord
-from ..plots import memory_breakdown_figure, step_time_figure, step_time_rows
+from ..figures import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
