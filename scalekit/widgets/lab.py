@@ -32,8 +32,8 @@ from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError
 from ..families import model_adapter
-from ..measure.results import RunResult, StepRecord
 from ..figures import memory_breakdown_figure, step_time_figure, step_time_rows
+from ..measure.results import RunResult, StepRecord
 from ..toggles import ORDER, TOGGLES, needs_process_group
 from .panel import TogglePanel
 from .plots import LivePlots
