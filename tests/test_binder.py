@@ -28,7 +28,11 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-DECLARED = {canonicalize_name(Requirement(r).name): Requirement(r) for r in PYPROJECT["dependencies"]}
+EXTRAS = PYPROJECT["optional-dependencies"]
+BINDER_EXTRA = "all"  # the extra Binder installs: every library the course uses
+# what `pip install -e .[all]` brings: the dependencies, and the extras `all` names
+DECLARED = {canonicalize_name(Requirement(r).name): Requirement(r) for r in
+            [*PYPROJECT["dependencies"], *(r for extra in ("hf", "quant") for r in EXTRAS[extra])]}
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -39,12 +43,13 @@ def binder_lines() -> list[str]:
 
 def binder_requirements() -> dict:
     return {canonicalize_name(Requirement(line).name): Requirement(line) for line in binder_lines()
-            if not line.startswith("-") and line != "."}
+            if not line.startswith("-") and not line.startswith(".")}
 
 
 def test_binder_installs_the_package_itself():
     # pip installs pyproject's dependencies along with the package: binder cannot fall behind them
-    assert "-e ." in binder_lines() or "." in binder_lines()
+    assert f"-e .[{BINDER_EXTRA}]" in binder_lines() or f".[{BINDER_EXTRA}]" in binder_lines()
+    assert EXTRAS[BINDER_EXTRA] == ["scalekit[hf,quant]"], "the `all` extra must bring every other user extra"
 
 
 def test_binder_installs_cpu_torch_pinned_like_the_test_setup():

@@ -37,7 +37,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:  # scalekit itself does not need it
-        raise ConfigError("Hugging Face models need transformers: pip install transformers") from exc
+        raise ConfigError("Hugging Face models need transformers: pip install 'scalekit[hf]'") from exc
     return transformers
 
 

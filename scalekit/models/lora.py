@@ -14,7 +14,7 @@ from .blocks import block_linears, is_conv1d
 
 def peft_available() -> tuple[bool, str]:
     if importlib.util.find_spec("peft") is None:
-        return False, "LoRA and DoRA need peft, which is not installed (pip install peft)"
+        return False, "LoRA and DoRA need peft, which is not installed (pip install 'scalekit[hf]')"
     return True, ""
 
 
