@@ -18,7 +18,7 @@ import torch.distributed as dist
 import scalekit
 from scalekit.errors import ConfigError
 from scalekit.launch import ForkUnsafeError, LaunchError, launch, launch_run, torchrun_command
-from scalekit.launch.launcher import LoopbackRendezvous
+from scalekit.launch.agent import LoopbackRendezvous
 from tests.helpers import tiny
 
 TEST_DEADLINE_S = 90
@@ -71,9 +71,9 @@ def test_launch_runs_ranks_returns_their_values_and_prefixes_their_output(capsys
 
 
 def test_scalekit_launch_is_both_the_function_and_the_package():
-    import scalekit.launch.launcher as launcher_module
+    import scalekit.launch.api as api_module
 
-    assert callable(scalekit.launch) and scalekit.launch.launcher is launcher_module
+    assert callable(scalekit.launch) and scalekit.launch.api is api_module
     assert scalekit.launch.launch is launch and scalekit.launch.launch_run is launch_run
 
 
