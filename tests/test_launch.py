@@ -18,7 +18,7 @@ import torch.distributed as dist
 import scalekit
 from scalekit.errors import ConfigError
 from scalekit.launch import ForkUnsafeError, LaunchError, launch, launch_run, torchrun_command
-from scalekit.launch.agent import LoopbackRendezvous
+from scalekit.launch.agent import LoopbackStore
 from tests.helpers import tiny
 
 TEST_DEADLINE_S = 90
@@ -167,11 +167,10 @@ def test_rendezvous_listens_on_loopback_only_on_a_port_the_os_chose():
     assert ips == ["127.0.0.1"] and port > 0
 
 
-def test_loopback_rendezvous_gives_different_ports_to_simultaneous_launches():
-    a, b = LoopbackRendezvous("a"), LoopbackRendezvous("b")
-    a.next_rendezvous(), b.next_rendezvous()
+def test_loopback_store_gives_different_ports_to_simultaneous_launches():
+    a, b = LoopbackStore(), LoopbackStore()
     try:
-        assert a.master_port != b.master_port
+        assert a.port != b.port
     finally:
         a.close(), b.close()
 

@@ -1,10 +1,11 @@
-"""The elastic agent of a launch: torch's LocalElasticAgent, with what a launch from a notebook needs besides.
+"""The agent of a launch: torch's public elastic API, with what a launch from a notebook needs besides.
 
-It starts the ranks (forked, or fresh interpreters for a script), sets RANK / WORLD_SIZE / MASTER_ADDR for
-torch.distributed, watches them and stops them all when one fails, when the time limit passes (dumping the
-stacks of the ranks still running) or when a signal comes.  The rendezvous store listens on 127.0.0.1 only,
-on a port the operating system picks, so two launches at once never collide and nothing is reachable from
-outside.  Each rank's output goes to a file that torch's TailLog streams with the rank's prefix.
+start_processes forks the ranks (or starts fresh interpreters for a script) with torchrun's environment,
+PContext.wait polls them, PContext.close stops them.  torchrun's own agent adds what many nodes need
+(rendezvous rounds, restarts, health checks); a launch adds a time limit that dumps the stacks of the ranks
+still running, the time and status of every rank's exit, and signals held while ranks start or stop.
+The store the ranks meet on listens on 127.0.0.1 only, on a port the operating system picks, so two
+launches at once never collide and nothing is reachable from outside.
 """
 
 from __future__ import annotations
@@ -15,28 +16,28 @@ import logging
 import os
 import signal
 import socket
-import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
+from string import Template
 from typing import Any
 
 from torch.distributed import TCPStore
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsDest
-from torch.distributed.elastic.multiprocessing.tail_log import TailLog
-from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, start_processes
 
 from ..distributed import PG_TIMEOUT_ENV
+from .exits import ExitWatcher
 from .rank import STACK_SIGNAL
 from .run_files import RunFiles
 from .signals import Signals
+from .torch_hooks import SIGNALS_TO_HANDLE, USE_AGENT_STORE
 
 PREFIX = "[rank{rank}]: "
 SHUTDOWN_S = 3  # after a failure, the other ranks get this long after SIGTERM before SIGKILL
+MONITOR_S = 0.05  # how often torch is asked whether the ranks are done (torchrun's agent: 0.1 s)
 STACK_WAIT_S = 1.0  # how long the launcher waits for those stacks before it stops the ranks
+STORE_TIMEOUT_S = 900  # torchrun's default rendezvous timeout
 TORCH_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
 
 
@@ -48,7 +49,7 @@ class Outcome:
     forked: bool  # forked ranks running a function, or fresh interpreters running a script
     timeout_s: float | None
     return_values: dict[int, Any] = field(default_factory=dict)  # by rank, when every rank returned
-    exit_codes: dict[int, int] = field(default_factory=dict)  # the exit codes torch collected, by rank
+    exit_codes: dict[int, int] = field(default_factory=dict)  # the exit codes torch reported, by rank
     exits: dict[int, tuple[float, int | None]] = field(default_factory=dict)  # the watcher's: rank: (time, code)
     timed_out: bool = False
     still_running: list[int] = field(default_factory=list)  # the ranks the time limit stopped
@@ -60,105 +61,83 @@ class Outcome:
         return self.timed_out or self.torch_failed
 
 
-class LoopbackRendezvous(StaticTCPRendezvous):
-    """torchrun's static rendezvous for one node, its store listening on 127.0.0.1 only, on a free port.
+class LoopbackStore:
+    """The c10d store the ranks meet on, hosted in this process as torchrun's agent hosts it, listening on
+    127.0.0.1 only on a port the operating system picks: the socket is bound here and handed to the TCPStore
+    (master_listen_fd, which then owns it; a TCPStore given port 0 would listen on every interface), so no
+    other launch can race for the same number.  The ranks connect to it as clients (USE_AGENT_STORE)."""
 
-    The listening socket is bound here and handed to the TCPStore (master_listen_fd, which then owns it),
-    so the port is the operating system's choice: no race with another launch picking the same number.
-    """
-
-    def __init__(self, run_id: str, timeout_s: int = 900):
-        super().__init__("127.0.0.1", 0, rank=0, world_size=1, run_id=run_id, timeout=timeout_s)
-
-    def next_rendezvous(self):
-        if self._store is None:
-            sock = socket.create_server(("127.0.0.1", 0))
-            self.master_port = sock.getsockname()[1]
-            self._store = TCPStore("127.0.0.1", self.master_port, 1, True, self.timeout, multi_tenant=True,
-                                   master_listen_fd=sock.detach())
-        return super().next_rendezvous()
+    def __init__(self, timeout_s: float = STORE_TIMEOUT_S):
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.store: TCPStore | None = TCPStore("127.0.0.1", self.port, None, True, timedelta(seconds=timeout_s),
+                                               wait_for_workers=False, master_listen_fd=sock.detach())
 
     def close(self) -> None:
-        self._store = None  # the store closes its listening socket
+        self.store = None  # the store closes its listening socket
 
 
-class FileLogsSpecs(DefaultLogsSpecs):
-    """Send each rank's stdout/stderr to the files scalekit tails with its own rank prefix."""
+class RankLogs(LogsSpecs):
+    """Each rank's stdout/stderr in the run folder, streamed into this process's with the rank's prefix by
+    torch's own tailer (tee).  A forked rank points its output at those files itself (rank_main: in a
+    notebook sys.stdout has no file descriptor for torch to redirect, and torch's redirect ends when the
+    function returns), so torch redirects only a script's output."""
 
-    def __init__(self, files: RunFiles):
-        super().__init__(log_dir=str(files.root / "elastic"))
-        self._files = files
-
-    def reify(self, envs) -> LogsDest:
-        base = super().reify(envs)
-        outs = {r: str(self._files.out(r)) for r in envs}
-        errs = {r: str(self._files.err(r)) for r in envs}
-        return LogsDest(outs, errs, {}, {}, base.error_files, base.filtered_stdout, base.filtered_stderr)
-
-
-class ExitWatcher:
-    """When each rank's process ended, and how, noted as it happens: a thread polls waitid(WNOWAIT), which
-    reads a child's exit status without reaping it, so torch's agent still collects it as usual.  The agent
-    itself reports one failure, in the order it happens to look, which is how rank 0's "Connection reset by
-    peer" used to hide the rank 1 that had exited first."""
-
-    POLL_S = 0.005
-
-    def __init__(self):
-        self.exits: dict[int, tuple[float, int | None]] = {}  # rank: (time.time(), exit code, or -signal)
-        self._pids: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, pids: dict[int, int]) -> None:
-        if not hasattr(os, "waitid"):  # then the report falls back on the agent's exit codes
-            return
-        self._pids = dict(pids)
-        self._thread = threading.Thread(target=self._loop, name="scalekit-launch-exits", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while self._pids and not self._stop.is_set():
-            for rank, pid in list(self._pids.items()):
-                try:
-                    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                except ChildProcessError:  # the agent reaped it before we looked: the time is all we have
-                    code = None
-                else:
-                    if info is None:
-                        continue
-                    code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-                self.exits[rank] = (time.time(), code)
-                del self._pids[rank]
-            self._stop.wait(self.POLL_S)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-
-class Agent(LocalElasticAgent):
-    """torch's LocalElasticAgent with what a launch from a notebook needs besides: a time limit, the time and
-    status of every rank's exit, and signals (see Signals) held while ranks start or stop.  Every rank is
-    stopped with SIGTERM, never with the SIGINT torch would pass on, which makes each rank print a
-    KeyboardInterrupt traceback."""
-
-    def __init__(self, spec, logs_specs, start_method: str, timeout_s: float | None, files: RunFiles,
-                 signals: Signals):
-        super().__init__(spec, logs_specs=logs_specs, start_method=start_method, shutdown_timeout=SHUTDOWN_S)
-        self.nprocs = spec.local_world_size
-        self.timeout_s = timeout_s
-        self.timed_out = False
-        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def __init__(self, files: RunFiles, redirect: bool):
+        super().__init__(log_dir=str(files.root))
         self.files = files
-        self.forked = start_method == "fork"
-        self.exits = ExitWatcher()
-        self.still_running: list[int] = []  # the ranks a timeout stopped
-        self.stopping_since: float | None = None  # time.time() when the launcher began stopping ranks
-        self.signals = signals
+        self.redirect = redirect
 
-    def _start_workers(self, worker_group):
+    @property
+    def root_log_dir(self) -> str:
+        return str(self.files.root)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        outs = {r: str(self.files.out(r)) for r in envs}
+        errs = {r: str(self.files.err(r)) for r in envs}
+        error_files = {r: str(self.files.torch_error(r)) for r in envs}
+        for r, env in envs.items():  # where @record writes a script's exception, as torchrun sets it
+            env["TORCHELASTIC_ERROR_FILE"] = error_files[r]
+        if self.redirect:
+            return LogsDest(outs, errs, outs, errs, error_files)
+        no_redirect = dict.fromkeys(envs, "")
+        return LogsDest(no_redirect, dict(no_redirect), outs, errs, error_files)
+
+
+class Agent:
+    """Start `nprocs` ranks, watch them until they all return, one fails, the time limit passes or a signal
+    comes, then stop every one.  Ranks are stopped with SIGTERM whatever signal the launch got: passing a
+    SIGINT on, as torchrun does, makes each rank print a KeyboardInterrupt traceback."""
+
+    def __init__(self, entrypoint, args, nprocs: int, start_method: str, files: RunFiles,
+                 timeout_s: float | None, signals: Signals):
+        self.entrypoint, self.args, self.nprocs, self.start_method = entrypoint, tuple(args), nprocs, start_method
+        self.files, self.signals, self.timeout_s = files, signals, timeout_s
+        self.forked = start_method == "fork"
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.pcontext: PContext | None = None
+        self.exits = ExitWatcher()
+        self.outcome = Outcome(nprocs, self.forked, timeout_s)
+
+    def run(self) -> Outcome:
+        store = LoopbackStore()
+        try:
+            with _process_state(self.nprocs, self.timeout_s):
+                try:
+                    self._start(store.port)
+                    self._watch()
+                finally:
+                    self._stop()
+        finally:
+            with self.signals.held():
+                self.exits.stop()
+                store.close()  # now, even while a traceback keeps this frame (and so the store) alive
+        self.outcome.exits = dict(self.exits.exits)
+        return self.outcome
+
+    def _start(self, port: int) -> None:
+        run_id = f"scalekit-{uuid.uuid4().hex[:12]}"
+        envs = {r: rank_env(r, self.nprocs, port, run_id) for r in range(self.nprocs)}
         if self.forked:
             # A forked rank inherits this process's garbage too: an earlier launch's store or process group
             # left in a reference cycle (a caught LaunchError's traceback holds one), whose destructor, run
@@ -167,36 +146,49 @@ class Agent(LocalElasticAgent):
             gc.freeze()
         try:
             with self.signals.held():
-                pids = super()._start_workers(worker_group)
+                self.pcontext = start_processes(
+                    name="rank", entrypoint=self.entrypoint, envs=envs, start_method=self.start_method,
+                    args={r: with_local_rank(self.args, r) for r in range(self.nprocs)},
+                    logs_specs=RankLogs(self.files, redirect=not self.forked),
+                    log_line_prefixes={r: PREFIX.format(rank=r) for r in range(self.nprocs)})
         finally:
             if self.forked:
                 gc.unfreeze()  # this process collects its own garbage again, safely, where its threads are
             self.signals.install()  # in case this torch installed handlers of its own after all
-        self.exits.watch({w.global_rank: pids[w.local_rank] for w in worker_group.workers})
+        self.exits.watch(self.pcontext.pids())
         self.signals.raise_pending()  # now that every rank is known to the agent, which stops them all
-        return pids
 
-    def _monitor_workers(self, worker_group) -> RunResult:
-        looked_at = time.time()
-        result = super()._monitor_workers(worker_group)
-        if result.state == WorkerState.FAILED:  # torch has begun stopping the other ranks already
-            self.stopping_since = self.stopping_since or looked_at
-        elif result.state == WorkerState.HEALTHY and self.deadline is not None and time.monotonic() >= self.deadline:
-            self.stopping_since = time.time()
-            self.timed_out = True
-            self.still_running = [w.global_rank for w in worker_group.workers if self._running(w.global_rank)]
-            if self.forked:
-                self._dump_stacks({w.global_rank: w.id for w in worker_group.workers})
-            return RunResult(state=WorkerState.FAILED)  # the agent stops every rank and returns this
-        return result
+    def _watch(self) -> None:
+        while True:
+            time.sleep(MONITOR_S)
+            self.exits.look()  # before torch reaps a rank that has exited, and its exit status with it
+            looked_at = time.time()
+            result = self.pcontext.wait(0)
+            if result is not None:
+                if result.is_failed():  # torch has stopped the other ranks already
+                    self.outcome.stopping_since = self.outcome.stopping_since or looked_at
+                    self.outcome.torch_failed = True
+                self.outcome.return_values = dict(result.return_values)
+                self.outcome.exit_codes = {r: f.exitcode for r, f in result.failures.items()}
+                return
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self._time_out()
+                return
+
+    def _time_out(self) -> None:
+        self.outcome.stopping_since = time.time()
+        self.outcome.timed_out = True
+        self.outcome.still_running = [r for r in range(self.nprocs) if self._running(r)]
+        if self.forked:
+            self._dump_stacks(self.pcontext.pids())
 
     def _running(self, rank: int) -> bool:
         """Still in its function: not exited, and (a forked rank waits for the others once done) not done."""
         return rank not in self.exits.exits and not self.files.done(rank).exists()
 
     def _dump_stacks(self, pids: dict[int, int]) -> None:
-        files = {r: self.files.stacks(r) for r in self.still_running}
-        for r in self.still_running:
+        files = {r: self.files.stacks(r) for r in self.outcome.still_running}
+        for r in self.outcome.still_running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pids[r], STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
@@ -204,73 +196,36 @@ class Agent(LocalElasticAgent):
             time.sleep(0.02)
         time.sleep(0.05)  # the handler writes in several pieces
 
-    def _shutdown(self, death_sig=signal.SIGTERM, timeout: int = 30) -> None:
-        if self.stopping_since is None and self._pcontext is not None:
-            self.stopping_since = time.time()
+    def _stop(self) -> None:
+        """Every rank still alive: SIGTERM, then SIGKILL after SHUTDOWN_S; the output tailers flushed."""
+        if self.pcontext is None:
+            return
         with self.signals.held():
-            super()._shutdown(signal.SIGTERM, timeout)
-
-    def exit_codes(self) -> dict[int, int]:
-        """The exit code of every rank torch collected (rank = local rank: one node), for ranks the watcher
-        saw only after the agent had reaped them."""
-        codes = {}
-        pc = getattr(self._pcontext, "_pc", None)  # fork: torch.multiprocessing's ProcessContext
-        for local, proc in enumerate(getattr(pc, "processes", None) or []):
-            codes[local] = proc.exitcode
-        for local, handler in (getattr(self._pcontext, "subprocess_handlers", None) or {}).items():  # spawn
-            codes[local] = handler.proc.returncode
-        return {r: c for r, c in codes.items() if c is not None}
-
-    def remove_error_files(self) -> None:
-        """torch.multiprocessing leaves one pytorch-errorfile-*.pickle per forked rank in the temp folder."""
-        pc = getattr(self._pcontext, "_pc", None)
-        for path in getattr(pc, "error_files", None) or []:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-
-    def outcome(self, result) -> Outcome:
-        return Outcome(self.nprocs, self.forked, self.timeout_s, dict(result.return_values),
-                       {**self.exit_codes(), **{r: f.exitcode for r, f in result.failures.items()}},
-                       dict(self.exits.exits), timed_out=self.timed_out, still_running=list(self.still_running),
-                       stopping_since=self.stopping_since, torch_failed=result.is_failed())
+            self.outcome.stopping_since = self.outcome.stopping_since or time.time()
+            self.pcontext.close(signal.SIGTERM, SHUTDOWN_S)
 
 
-def run_agent(entrypoint, args, nprocs: int, start_method: str, files: RunFiles, timeout_s: float | None,
-              signals: Signals) -> Outcome:
-    """Run `entrypoint` in `nprocs` ranks and say how they ended."""
-    prefixes = {r: PREFIX.format(rank=r) for r in range(nprocs)}
-    rdzv = LoopbackRendezvous(f"scalekit-{uuid.uuid4().hex[:12]}")
-    spec = WorkerSpec(role="rank", local_world_size=nprocs, entrypoint=entrypoint, args=tuple(args),
-                      rdzv_handler=rdzv, max_restarts=0, monitor_interval=0.05, local_addr="127.0.0.1")
-    if start_method == "fork":  # the ranks redirect their own output (see rank_main)
-        logs_specs = DefaultLogsSpecs(log_dir=str(files.root / "elastic"))
-    else:  # fresh interpreters: the agent points their output at the files we tail
-        logs_specs = FileLogsSpecs(files)
-    agent = Agent(spec, logs_specs, start_method, timeout_s, files, signals)
-    tails = []
-    try:
-        with _process_state(nprocs, timeout_s):
-            tails = [TailLog("rank", {r: str(files.out(r)) for r in range(nprocs)}, sys.stdout, prefixes).start(),
-                     TailLog("rank", {r: str(files.err(r)) for r in range(nprocs)}, sys.stderr, prefixes).start()]
-            result = agent.run()
-        return agent.outcome(result)
-    finally:
-        with signals.held():
-            agent.exits.stop()
-            for tail in tails:
-                tail.stop()
-            # the store is freed now, here, even when the agent lives on in a traceback (see _start_workers)
-            agent._store = agent._worker_group.store = None
-            rdzv.close()
-            agent.remove_error_files()
+def rank_env(rank: int, nprocs: int, port: int, run_id: str) -> dict[str, str]:
+    """What torchrun sets for a rank on one node (its documented variables), plus the store's owner."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_NAME": "rank", "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nprocs), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": run_id, USE_AGENT_STORE: "True",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+
+
+def with_local_rank(args: tuple, rank: int) -> tuple:
+    """torchrun's ${local_rank} macro in string arguments, replaced as its agent replaces it."""
+    return tuple(Template(a).safe_substitute(local_rank=str(rank)) if isinstance(a, str) else a for a in args)
 
 
 @contextlib.contextmanager
 def _process_state(nprocs: int, timeout_s: float | None):
     """Let the agent do its work, then give the notebook process back its environment and logging: torch's
     logs every failure in full."""
-    saved_env = {k: os.environ.get(k) for k in ("TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS", PG_TIMEOUT_ENV)}
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ""  # no signal handlers from torch: see Signals
+    saved_env = {k: os.environ.get(k) for k in (SIGNALS_TO_HANDLE, "OMP_NUM_THREADS", PG_TIMEOUT_ENV)}
+    os.environ[SIGNALS_TO_HANDLE] = ""  # no signal handlers from torch: see Signals
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun: share the cores instead of oversubscribing them
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     if timeout_s is None:  # the ranks' collectives keep torch's default timeout

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .. import hardware
 from ..errors import ConfigError
 from . import guards
-from .agent import run_agent
+from .agent import Agent
 from .rank import rank_main
 from .report import LaunchError, report
 from .run_files import run_folder
@@ -48,7 +48,7 @@ def launch(fn: Callable, *args, nprocs: int | None = None, kwargs: dict | None =
             return rank_main(fn, rank_args, kwargs or {}, files)
 
         rank_fn.__name__ = rank_fn.__qualname__ = getattr(fn, "__name__", "fn")
-        outcome = run_agent(rank_fn, args, nprocs, "fork", files, timeout_s, signals)
+        outcome = Agent(rank_fn, args, nprocs, "fork", files, timeout_s, signals).run()
         if outcome.failed:
             raise report(outcome, files, keep_logs)
         return [outcome.return_values[r] for r in range(nprocs)]
@@ -63,8 +63,8 @@ def launch_script(script: str, script_args=(), nprocs: int | None = None, module
     timeout_s = _check_timeout(timeout_s)
     with Signals() as signals, run_folder(keep_logs, signals) as files:
         target = ["-m", script] if module else [script]
-        outcome = run_agent(sys.executable, ("-u", *target, *script_args), nprocs, "spawn", files, timeout_s,
-                            signals)
+        outcome = Agent(sys.executable, ("-u", *target, *script_args), nprocs, "spawn", files, timeout_s,
+                        signals).run()
         if outcome.failed:
             raise report(outcome, files, keep_logs)
         return 0

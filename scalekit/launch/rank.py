@@ -1,7 +1,10 @@
 """What runs inside each forked rank: fresh signal handlers and output files, then the launched function.
 
-A forked rank runs torch's CPU ops on one thread; fresh interpreters (`launch_script`, the %%torchrun magic)
-can use more.
+A rank whose function raises writes its traceback to its stderr and a record of when it failed (the report
+leads with the rank that failed first), then exits with code 1 rather than letting the exception reach
+torch.multiprocessing, which would pickle it into a file in the temp folder that only its private
+ProcessContext knows, and leave it there.  A forked rank runs torch's CPU ops on one thread; fresh
+interpreters (`launch_script`, the %%torchrun magic) can use more.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ def rank_main(fn, args, kwargs, files: RunFiles):
         return out
     except BaseException as exc:
         _record_failure(exc, rank, files)
-        raise
+        if isinstance(exc, SystemExit):
+            raise
+        raise SystemExit(1) from None
 
 
 def _own_signals() -> None:

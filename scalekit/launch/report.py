@@ -112,10 +112,12 @@ def _rank_end(rank: int, outcome: Outcome, files: RunFiles) -> RankEnd:
     if record is not None:  # a forked rank that raised: its traceback and the time it raised
         return RankEnd(rank, "raised", record["time"], f"failed: {record['error']}", record["traceback"],
                        consequence=_peer_gone(record["error"]))
-    if rank in outcome.still_running or code is None:
+    if rank in outcome.still_running:
         return RankEnd(rank, "stopped")
     if code == 0 or (outcome.forked and files.done(rank).exists()):
         return RankEnd(rank, "finished")
+    if code is None:  # torch reaped it (stopping it, as a rule) before the watcher saw how it ended
+        return RankEnd(rank, "stopped")
     if stopped:
         return RankEnd(rank, "stopped", when)
     if outcome.forked:

@@ -30,6 +30,9 @@ class RunFiles:
     def stacks(self, rank: int) -> Path:
         return self.root / f"stack-rank{rank}.txt"  # where a forked rank was, asked at a timeout
 
+    def torch_error(self, rank: int) -> Path:
+        return self.root / f"rank{rank}.error.json"  # TORCHELASTIC_ERROR_FILE: a script's @record writes it
+
     def touch_logs(self, nprocs: int) -> None:
         for rank in range(nprocs):
             self.out(rank).touch()

@@ -19,8 +19,8 @@ class Signals:
     They raise torch's SignalException, which the agent answers by stopping every rank, except while ranks
     are being started or stopped or the launch is cleaning up (`held`): a signal then waits until that is
     done, so no rank is left half-started and no folder half-removed, however often Ctrl-C is pressed.
-    torch installs handlers of its own that raise at any moment; TORCHELASTIC_SIGNALS_TO_HANDLE="" (set by the
-    agent) keeps them out.
+    torch installs handlers of its own that raise at any moment; the agent keeps them out (SIGNALS_TO_HANDLE
+    in torch_hooks).
     Leaving, a SIGINT becomes KeyboardInterrupt."""
 
     def __init__(self):
