@@ -18,7 +18,7 @@ import torch.distributed as dist
 import scalekit
 from scalekit.errors import ConfigError
 from scalekit.launch import ForkUnsafeError, LaunchError, launch, launch_run, torchrun_command
-from scalekit.launch.launcher import LoopbackRendezvous
+from scalekit.launch.agent import LoopbackStore
 from tests.helpers import tiny
 
 TEST_DEADLINE_S = 90
@@ -71,9 +71,9 @@ def test_launch_runs_ranks_returns_their_values_and_prefixes_their_output(capsys
 
 
 def test_scalekit_launch_is_both_the_function_and_the_package():
-    import scalekit.launch.launcher as launcher_module
+    import scalekit.launch.api as api_module
 
-    assert callable(scalekit.launch) and scalekit.launch.launcher is launcher_module
+    assert callable(scalekit.launch) and scalekit.launch.api is api_module
     assert scalekit.launch.launch is launch and scalekit.launch.launch_run is launch_run
 
 
@@ -167,11 +167,10 @@ def test_rendezvous_listens_on_loopback_only_on_a_port_the_os_chose():
     assert ips == ["127.0.0.1"] and port > 0
 
 
-def test_loopback_rendezvous_gives_different_ports_to_simultaneous_launches():
-    a, b = LoopbackRendezvous("a"), LoopbackRendezvous("b")
-    a.next_rendezvous(), b.next_rendezvous()
+def test_loopback_store_gives_different_ports_to_simultaneous_launches():
+    a, b = LoopbackStore(), LoopbackStore()
     try:
-        assert a.master_port != b.master_port
+        assert a.port != b.port
     finally:
         a.close(), b.close()
 

@@ -139,7 +139,8 @@ def run_command(args) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from . import guards
-    from .launcher import LaunchError, launch_script
+    from .api import launch_script
+    from .report import LaunchError
 
     nproc = check_nproc_flag(args.nproc_per_node) or guards.default_nprocs()
     timeout_s = check_timeout_flag(args.timeout_s)

@@ -17,8 +17,9 @@ import sys
 import tempfile
 import threading
 
+from .agent import PREFIX
 from .commands import LOOPBACK_RDZV
-from .launcher import PREFIX, LaunchError
+from .report import LaunchError
 
 RDZV_OPTIONS = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend",
                 "--master-addr", "--master_addr", "--master-port", "--master_port")
