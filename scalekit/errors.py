@@ -25,6 +25,27 @@ class NothingFits(RuntimeError):
         self.search = search
 
 
+class LaunchError(RuntimeError):
+    """A rank failed, or the launch ran past its time limit.
+
+    `rank` is the rank that failed first (None after a timeout) and `rank_traceback` its Python traceback
+    ("" when it ended without one); `still_running` lists the ranks a timeout stopped; `logs_dir` is the
+    folder of the ranks' output when it was kept (keep_logs=True), else None."""
+
+    def __init__(self, message: str, rank: int | None = None, rank_traceback: str = "",
+                 still_running: tuple[int, ...] = (), logs_dir: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.rank_traceback = rank_traceback
+        self.still_running = list(still_running)
+        self.timed_out = bool(still_running)
+        self.logs_dir = logs_dir
+
+
+class ForkUnsafeError(RuntimeError):
+    """This process is in a state that forked ranks cannot inherit; the message says what to do."""
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, or the CPU allocator's "DefaultCPUAllocator: can't allocate memory"."""
     text = str(exc).lower()

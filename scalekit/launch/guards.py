@@ -12,13 +12,10 @@ import os
 import sys
 
 from .. import hardware
+from ..errors import ForkUnsafeError
 
 MAGIC = ("or run the cell with the %%torchrun magic (`%load_ext scalekit`), which starts fresh interpreters "
          "instead of forking")
-
-
-class ForkUnsafeError(RuntimeError):
-    """This process is in a state that forked ranks cannot inherit; the message says what to do."""
 
 
 def fork_problems() -> list[str]:

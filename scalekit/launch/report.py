@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import LaunchError
 from .rank import rank_main
 from .run_files import RunFiles
 
@@ -34,23 +35,6 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
 TORCH_DIR = os.path.dirname(torch.__file__)
 LAUNCH_DIR = os.path.dirname(__file__)
-
-
-class LaunchError(RuntimeError):
-    """A rank failed, or the launch ran past its time limit.
-
-    `rank` is the rank that failed first (None after a timeout) and `rank_traceback` its Python traceback
-    ("" when it ended without one); `still_running` lists the ranks a timeout stopped; `logs_dir` is the
-    folder of the ranks' output when it was kept (keep_logs=True), else None."""
-
-    def __init__(self, message: str, rank: int | None = None, rank_traceback: str = "",
-                 still_running: tuple[int, ...] = (), logs_dir: str | None = None):
-        super().__init__(message)
-        self.rank = rank
-        self.rank_traceback = rank_traceback
-        self.still_running = list(still_running)
-        self.timed_out = bool(still_running)
-        self.logs_dir = logs_dir
 
 
 @dataclass

@@ -71,7 +71,7 @@ def method_available(method: str, device_type: str) -> tuple[bool, str]:
             return False, "this torch build has no quantized CPU engine (fbgemm, x86 or qnnpack)"
         return True, ""
     if not _installed(library):
-        extra = f"pip install 'scalekit[quant]'" if library in ("torchao", "hqq") else f"pip install {library}"
+        extra = "pip install 'scalekit[quant]'" if library in ("torchao", "hqq") else f"pip install {library}"
         return False, f"quantize={method!r} needs {library}, which is not installed ({extra})"
     return True, ""
 
