@@ -1,6 +1,7 @@
 """scalekit: switch training and inference optimizations on a live model and measure them honestly."""
 
 from . import launch  # callable: scalekit.launch(fn, *args, nprocs=N); also the package
+from .applicable import applicable
 from .autotune import autotune
 from .batch_finder import find_batch_size
 from .config import RunConfig
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
            "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch", "autotune", "generate",
-           "GenerateConfig", "GenerateResult", "compare_generations"]
+           "GenerateConfig", "GenerateResult", "compare_generations", "applicable"]
 
 
 def load_ipython_extension(ipython):

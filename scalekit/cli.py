@@ -55,11 +55,17 @@ def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
     what = "inference ladder: " if ladder else ""
     p.add_argument("--prompt", action="append", default=None, metavar="TEXT",
                    help=f"{what}a prompt (repeatable: a batch of prompts; default 'ROMEO:')")
-    p.add_argument("--max-new-tokens", type=int, default=200, help=f"{what}tokens generated per prompt (default 200)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"{what}tokens generated per prompt (default 200, cut to fit the model's context)")
     p.add_argument("--model", default=None, help=f"{what}shakespeare-char (the shipped model, default) or a preset "
                                                  f"name for random weights")
+    p.add_argument("--quality-seq-len", type=int, default=None, metavar="N",
+                   help=f"{what}tokens per held-out window of the quality measures (default 256, cut to the context)")
     if ladder:
         return
+    p.add_argument("--hf-model", default=None, metavar="FAMILY",
+                   help="a Hugging Face model (gpt2 or llama) built offline with random weights in the shape of "
+                        "--model's preset (default: this machine's), instead of scalekit's GPT (needs transformers)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
     p.add_argument("--top-k", type=int, default=None, help="with sampling: draw from the k most likely tokens")
     p.add_argument("--seed", type=int, default=1337)
@@ -80,14 +86,26 @@ def _generate_config(args, toggles, ladder: bool = False):
             raise ConfigError(f"scalekit {what}: {', '.join(unused)} set how training is measured; generation "
                               f"takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
                               f"the prompt), --device and --seed")
-        model = args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
-        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens, device=args.device,
-                              seed=args.seed, toggles=toggles)
-    return GenerateConfig(model=args.model or "shakespeare-char", prompts=args.prompt or ["ROMEO:"],
-                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                          seed=args.seed, toggles=toggles, device=args.device, warmup_tokens=args.warmup_tokens,
-                          quality=args.quality)
+        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=_new_tokens(args, model, prompts),
+                              device=args.device, seed=args.seed, toggles=toggles,
+                              quality_seq_len=args.quality_seq_len)
+    if args.hf_model is not None:
+        args.preset = args.model if args.model in PRESET_NAMES else "auto"
+    model = _hf_model(args) or args.model or "shakespeare-char"
+    prompts = args.prompt or ["ROMEO:"]
+    return GenerateConfig(model=model, prompts=prompts, max_new_tokens=_new_tokens(args, model, prompts),
+                          temperature=args.temperature, top_k=args.top_k, seed=args.seed, toggles=toggles,
+                          device=args.device, warmup_tokens=args.warmup_tokens, quality=args.quality,
+                          quality_seq_len=args.quality_seq_len)
+
+
+def _new_tokens(args, model, prompts) -> int:
+    """--max-new-tokens, or 200 cut to what the model's context leaves after the longest prompt."""
+    from .inference.config import fitting_new_tokens
+
+    return args.max_new_tokens if args.max_new_tokens is not None else fitting_new_tokens(model, prompts)
 
 
 def _config(args, toggles) -> RunConfig:
@@ -121,6 +139,11 @@ def parser() -> argparse.ArgumentParser:
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
     tog.add_argument("name", nargs="?", default=None, metavar="NAME",
                      help=f"one toggle: its explainer and the code it runs ({', '.join(TOGGLES)})")
+    tog.add_argument("--hf-model", default=None, metavar="FAMILY",
+                     help="what applies to a Hugging Face model (gpt2 or llama, built offline): every toggle for "
+                          "training and generation, with the reason")
+    tog.add_argument("--preset", default="auto", help="with --hf-model: the shape it is built in (default: auto)")
+    tog.add_argument("--device", default="auto", help="with --hf-model: the device asked about (auto, cpu, cuda)")
     return p
 
 
@@ -189,6 +212,7 @@ def _tune_command(sub) -> None:
 
 
 GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",
+                  "quality_seq_len": "--quality-seq-len",
                   "temperature": "--temperature", "top_k": "--top-k", "seed": "--seed", "device": "--device",
                   "warmup_tokens": "--warmup-tokens", "toggles": "--toggle"}
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
@@ -328,6 +352,11 @@ def cmd_doctor(args, stop) -> int:
 def cmd_toggles(args, stop) -> int:
     from .toggles import ORDER
 
+    if args.hf_model is not None:
+        from .applicable import applicable
+
+        print(applicable(_hf_model(args), device=args.device))
+        return 0
     if args.name is not None:
         if args.name not in TOGGLES:
             raise ConfigError(f"toggles: unknown toggle {args.name!r}; allowed: {', '.join(TOGGLES)}")

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from .checks import check_bool, check_device, check_label, int_in
-from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
+from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
 from .errors import ConfigError, ToggleUnavailable
-from .families import model_adapter
+from .families import model_adapter, toggle_family
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import TOGGLES, check_combination, normalise
 
@@ -63,7 +63,13 @@ class RunConfig:
     """Your own model (or a function that builds one) instead of the built-in GPT; a Hugging Face causal LM
     (a PreTrainedModel, or scalekit.hf.causal_lm(...)) needs no batch_fn or loss_fn."""
     batch_fn: Callable[[int, torch.device], Any] | None = None
-    """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn (a Hugging Face model: the shipped corpus)."""
+    """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn, synthetic batches made in the training
+    process (a Hugging Face model without batch_fn or dataset: the shipped corpus)."""
+    dataset: Any = None
+    """With `model`, instead of batch_fn: your data, a map-style or iterable torch Dataset or a Hugging Face
+    datasets.Dataset with input_ids; scalekit builds the DataLoader, so the data toggles act on it."""
+    collate_fn: Callable | None = None
+    """With `dataset`: the DataLoader's collate_fn (None: torch's default, which stacks samples)."""
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
     """With `model`: loss_fn(model, batch) -> scalar loss (a Hugging Face model: its own `.loss`)."""
     tokens_per_sample: int = 1
@@ -123,7 +129,7 @@ class RunConfig:
 
     def _validate_data(self) -> None:
         if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
-                                              and not (self.data == "custom" and self.model is not None)):
+                                              and not (self.data in ("custom", "dataset") and self.model is not None)):
             raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
                               f"{_allowed(('auto', *DATA_SOURCES))}")
         if self.transform_rounds is None:
@@ -133,11 +139,14 @@ class RunConfig:
             _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
-        custom = (self.model, self.batch_fn, self.loss_fn)
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
+        self._validate_dataset()
+        batches = self.batch_fn if self.batch_fn is not None else self.dataset
+        custom = (self.model, batches, self.loss_fn)
         if adapter is None and any(x is not None for x in custom) and not all(x is not None for x in custom):
-            raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model "
-                              "(a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a PreTrainedModel)")
+            raise ConfigError("RunConfig.model, batch_fn (or dataset) and loss_fn go together: give all three for your "
+                              "own model (a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a "
+                              "PreTrainedModel)")
         if self.model is None:
             return
         if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
@@ -147,9 +156,21 @@ class RunConfig:
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"RunConfig.{name} must be a function, got {type(getattr(self, name)).__name__}")
         for name in self.toggles:
-            ok, why = TOGGLES[name].applies_to(adapter)
+            ok, why = TOGGLES[name].applies_to(adapter or toggle_family(self.model))
             if not ok:
                 raise ToggleUnavailable(f"toggle {name!r} {why}")
+
+    def _validate_dataset(self) -> None:
+        if self.collate_fn is not None and (self.dataset is None or not callable(self.collate_fn)):
+            raise ConfigError("RunConfig.collate_fn goes with RunConfig.dataset, and must be a function")
+        if self.dataset is None:
+            return
+        if self.batch_fn is not None:
+            raise ConfigError("RunConfig.dataset and batch_fn both make the batches: give one of them")
+        if self.model is None:
+            raise ConfigError("RunConfig.dataset feeds your own model (RunConfig.model, or a Hugging Face model); the "
+                              "built-in GPT reads RunConfig.data")
+        check_dataset(self.dataset)
 
     def _validate_init(self) -> None:
         if self.init not in INITS:
@@ -197,7 +218,7 @@ class RunConfig:
         p = PRESETS[preset]
         data = self.data if self.data != "auto" else p.data
         if self.custom_model:
-            data = "custom"
+            data = "dataset" if self.dataset is not None else "custom"
         batch = self.batch_size or p.batch_size
         seq = self.seq_len or p.block_size
         rounds = self.transform_rounds
@@ -251,7 +272,7 @@ class RunConfig:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("model", "batch_fn", "loss_fn"):
+            if f.name in ("model", "batch_fn", "loss_fn", "dataset", "collate_fn"):
                 value = None if value is None else getattr(value, "__qualname__", type(value).__qualname__)
             out[f.name] = dict(value) if f.name == "toggles" else value
         return out

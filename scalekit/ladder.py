@@ -12,7 +12,7 @@ import dataclasses
 
 from .config import RunConfig
 from .engine import run
-from .families import model_adapter
+from .families import toggle_family
 from .finetune import finetune_ladder
 from .hardware import detect
 from .inference.ladder import inference_ladder
@@ -41,7 +41,7 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
         if name is not None:
             ok, why = TOGGLES[name].available(hw)
             if ok and base.custom_model:  # your own model: a rung that changes the GPT needs the model's adapter
-                ok, why = TOGGLES[name].applies_to(model_adapter(base.model))
+                ok, why = TOGGLES[name].applies_to(toggle_family(base.model))
             if not ok:
                 result = RunResult(label=label, config={}, status="skipped", error=why, device=hw.device_name)
                 results.append(result)

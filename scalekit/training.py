@@ -11,14 +11,24 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import distributed, hardware
 from .config import RunConfig
-from .data import CountedBatches, LoaderBatches, raw_loader, shakespeare_loader, synthetic_batches
+from .data import (
+    CountedBatches,
+    LoaderBatches,
+    MappedBatches,
+    dataset_loader,
+    first_batch,
+    raw_loader,
+    shakespeare_loader,
+    synthetic_batches,
+    to_device,
+)
 from .errors import ConfigError
 from .families import model_adapter
 from .inference.evaluate import build_evaluator
@@ -116,8 +126,12 @@ def make_batches(ctx: BuildContext) -> Iterator:
     cfg, device = ctx.config, ctx.device
     if cfg.batch_fn is not None:
         return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
-    if ctx.model_adapter is not None:  # a model family's default batches (Hugging Face: the corpus as input_ids/labels)
-        return ctx.model_adapter.batches(cfg, device, ctx.loader_kwargs)
+    if cfg.dataset is not None:  # your Dataset, through the DataLoader the data toggles configure
+        loader = dataset_loader(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn, **ctx.loader_kwargs)
+        return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
+    adapter = ctx.model_adapter
+    if adapter is not None and cfg.data == "synthetic":  # a model family's own random tokens (its vocabulary)
+        return adapter.batches(cfg, device, ctx.loader_kwargs)
     if cfg.data == "synthetic":
         vocab = PRESETS[cfg.preset].vocab_size
         return synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed, device)
@@ -128,7 +142,9 @@ def make_batches(ctx: BuildContext) -> Iterator:
     else:
         split = "new-plays" if cfg.data == "new-plays" else "train"
         loader = shakespeare_loader(cfg.seq_len, cfg.batch_size, cfg.seed, split=split, **ctx.loader_kwargs)
-    return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
+    batches = LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
+    # the same corpus pipeline for a model family, in the batches its loss takes (Hugging Face: input_ids/labels)
+    return batches if adapter is None else MappedBatches(batches, lambda xy: adapter.batch_of(*xy))
 
 
 def split_batch(batch, parts: int) -> list:
@@ -173,11 +189,19 @@ def flops_per_step(ctx: BuildContext) -> float | None:
         return per_token * tokens_per_step(cfg)
     # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
     with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
-        batch = cfg.batch_fn(cfg.batch_size, ctx.device) if cfg.batch_fn is not None else \
-            next(ctx.model_adapter.batches(cfg, ctx.device, {}))
+        batch = sample_batch(cfg, ctx)
         counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
     ctx.base_model.zero_grad(set_to_none=True)
     return counted or None
+
+
+def sample_batch(cfg: RunConfig, ctx: BuildContext):
+    """One batch of a user's model, made in this process outside the run's pipeline (for counting FLOPs)."""
+    if cfg.batch_fn is not None:
+        return cfg.batch_fn(cfg.batch_size, ctx.device)
+    if cfg.dataset is not None:
+        return to_device(first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn), ctx.device)
+    return next(ctx.model_adapter.batches(cfg, ctx.device, {}))
 
 
 def mfu_dtype(ctx: BuildContext) -> str:
@@ -195,11 +219,14 @@ def batch_tokens(ctx: BuildContext, batch) -> int:
         raise ConfigError("RunConfig.batch_fn returned a batch with no tensor in it: return a tensor, or a "
                           "tuple/dict of tensors whose first dimension is the batch")
     rows = leaves[0].shape[0]
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     k = ctx.grad_accum_steps
     if rows % k:
         raise ConfigError(f"a batch of {rows} rows cannot be split into grad_accum={k} equal micro-batches: "
                           f"{'RunConfig.batch_fn must return batch_size rows' if cfg.custom_model else 'the batch'} "
                           f"(a multiple of {k})")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        return ids.numel()  # tokenized text: rows × its length, whatever the dataset's windows are
     return rows * (cfg.tokens_per_sample if cfg.custom_model else cfg.seq_len)
 
 

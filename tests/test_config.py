@@ -27,7 +27,7 @@ from tests.helpers import Regressor, mse_loss, regression_batch
     (dict(data="wikipedia"), ["RunConfig.data", "shakespeare", "synthetic"]),
     (dict(device="tpu"), ["RunConfig.device", "'cuda:N'"]),
     (dict(lr=0), ["RunConfig.lr"]),
-    (dict(model=Regressor), ["model, batch_fn and loss_fn go together"]),
+    (dict(model=Regressor), ["model, batch_fn (or dataset) and loss_fn go together"]),
     (dict(toggles=7), ["RunConfig.toggles must be a list"]),
 ])
 def test_bad_input_names_the_field_and_allowed_values(kwargs, words):
@@ -44,7 +44,7 @@ def test_toggle_unavailable_on_this_hardware_says_why():
 
 
 def test_gpt_only_toggles_are_refused_for_your_own_model():
-    with pytest.raises(ToggleUnavailable, match="'sdpa' changes the built-in GPT"):
+    with pytest.raises(ToggleUnavailable, match=r"'sdpa' needs an attention switch, which your model \(Regressor\)"):
         RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss, toggles=["sdpa"])
 
 

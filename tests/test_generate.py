@@ -88,8 +88,10 @@ def test_your_own_model_and_a_random_preset_generate():
     # a bigram's greedy continuation follows its table: each token is the argmax of the previous one's row
     previous = [GenerateConfig().prompt_ids()[0][-1]] + mine.token_ids[0][:-1]
     assert mine.token_ids[0] == [int(bigram.table.weight[t].argmax()) for t in previous]
-    assert any("quality not measured" in n for n in generate(model=bigram, max_new_tokens=3, hw=CPU, device="cpu",
-                                                             measure_memory=False).notes)
+    # quality for any model that returns logits: perplexity on the shipped corpus (its vocabulary fits), and
+    # agreement with itself as built
+    measured = generate(model=bigram, max_new_tokens=3, hw=CPU, device="cpu", measure_memory=False)
+    assert measured.perplexity == pytest.approx(measured.reference_perplexity) and measured.agreement == 1.0
     preset = generate(model="tiny", max_new_tokens=12, toggles={"kv_cache": "dynamic"}, hw=CPU, **QUICK)
     assert preset.status == "ok" and preset.weight_bytes == weight_bytes(_tiny())
 
@@ -134,8 +136,17 @@ def test_a_failing_model_is_a_failed_result_in_words():
     (dict(toggles=["nope"]), "unknown toggle 'nope'"),
     (dict(toggles={"kv_cache": "paged"}), "must be True or one of 'dynamic', 'static'"),
     (dict(toggles={"quantize": "int3"}), "'torchao-int8'"),
-    (dict(model=Bigram(), toggles=["kv_cache"]), "works on the built-in GPT"),
-    (dict(model=Bigram(), prompts=["a", "bc"]), "same length"),
+    (dict(model=Bigram(), toggles=["kv_cache"]), "your model (Bigram) follows neither of the two: forward(idx, "
+                                                 "cache=..., input_pos=...)"),
+    (dict(model=Bigram(), toggles=["sdpa"]), "needs an attention switch, which your model (Bigram) does not have"),
+    (dict(model=Bigram(), prompts=["a", "bc"]), "give prompts of one length"),
+    (dict(prompts=[[1, 2, 65]]), "GenerateConfig.prompts[0] holds token id 65, outside the model's vocabulary of "
+                                 "65 ids (allowed: 0 to 64)"),
+    (dict(model="tiny", prompts=[[1] * 65]), "GenerateConfig.prompts[0] is 65 tokens, longer than the model's "
+                                             "context of 64 positions"),
+    (dict(model="tiny", max_new_tokens=8, quality_seq_len=65), "GenerateConfig.quality_seq_len (65) is beyond the model's context"),
+    (dict(quality_tokens=[1, 2]), "GenerateConfig.quality_tokens must be a 1-D list"),
+    (dict(quality_tokens=[1, 2, 99]), "GenerateConfig.quality_tokens holds token id 99"),
 ])
 def test_bad_input_is_refused_with_the_field_named(fields, words):
     with pytest.raises(ConfigError) as info:

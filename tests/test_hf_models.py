@@ -162,7 +162,7 @@ def test_a_model_without_sdpa_says_why():
 def test_a_plain_module_still_refuses_the_gpt_toggles():
     from tests.helpers import Regressor, mse_loss, regression_batch
 
-    with pytest.raises(ToggleUnavailable, match="'nice_numbers' changes the built-in GPT"):
+    with pytest.raises(ToggleUnavailable, match=r"'nice_numbers' needs a vocabulary to pad, which your model \(Regressor\) does not have"):
         RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss, toggles=["nice_numbers"])
 
 
@@ -238,7 +238,8 @@ def test_the_lab_offers_the_architecture_toggles_for_an_hf_model_only():
     for name in ("sdpa", "nice_numbers"):
         assert not lab.controls[name].reasons and not lab.controls[name].widget.disabled
     plain = Lab(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss, device="cpu")
-    assert "changes the built-in GPT" in plain.controls["sdpa"].reasons["sdpa"]
+    assert "needs an attention switch, which your model (Regressor) does not have" in \
+        plain.controls["sdpa"].reasons["sdpa"]
     lab.set(sdpa=True)
     assert lab.config().toggles == {"sdpa": True}
 

@@ -38,7 +38,7 @@ def test_a_prefill_into_either_cache_gives_the_training_forward_logits(model):
     x = torch.randint(0, 65, (2, 40))
     plain = model(x)[0]
     for kind in ("dynamic", "static"):
-        cache = make_cache(kind, model.config, 2, 64, "cpu")
+        cache = make_cache(kind, model.config.n_layer, 64, "cpu")
         cached = model(x, cache=cache, input_pos=torch.arange(40))[0]
         torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-5)
         # and a decode step after it equals the last row of the full forward of 41 tokens
@@ -105,11 +105,11 @@ def test_padding_is_never_attended_to(model):
 
 def test_a_static_cache_needs_positions():
     m = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=8))
-    cache = StaticKVCache(1, 1, 2, 16, 4, "cpu")
+    cache = StaticKVCache(1, 16, "cpu")
     with pytest.raises(ValueError, match="input_pos"):
         m(torch.zeros(1, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="kind"):
-        make_cache("paged", m.config, 1, 16, "cpu")
+        make_cache("paged", m.config.n_layer, 16, "cpu")
 
 
 def test_a_python_int_position_recompiles_per_position_a_tensor_one_graph(model):

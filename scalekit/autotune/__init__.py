@@ -16,7 +16,7 @@ import dataclasses
 from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError, PlanUnavailable
-from ..families import model_adapter
+from ..families import toggle_family
 from ..hardware import detect
 from ..plan import estimate
 from ..toggles import TOGGLES
@@ -60,7 +60,7 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
 def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
     """The search space on this machine: the changes that exist and apply, the toggles' own rules, the planner,
     and scalekit.run."""
-    adapter = model_adapter(base.model)  # a Hugging Face model switches sdpa and nice_numbers its own way
+    adapter = toggle_family(base.model) if base.custom_model else None  # what the model's family can change
     declared = declared_changes("train", hw, applies=lambda t: not base.custom_model or t.applies_to(adapter)[0])
     changes = [(label, toggles) for label, toggles, _ in declared]
 

@@ -7,13 +7,15 @@ import signal
 from collections.abc import Iterator
 
 import torch
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
 
 def to_device(batch, device: torch.device, non_blocking: bool = False):
-    """Every tensor of an (x, y) batch on `device`.  non_blocking=True returns before the copy is done, so the
-    host can go on queueing work; it only overlaps anything when the host tensor is in pinned memory."""
-    return tuple(t.to(device, non_blocking=non_blocking) for t in batch)
+    """Every tensor of a batch (an (x, y) pair, a dict of input_ids, any nesting) on `device`, the rest as it is.
+    non_blocking=True returns before the copy is done, so the host can go on queueing work; it only overlaps
+    anything when the host tensor is in pinned memory."""
+    return tree_map(lambda t: t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t, batch)
 
 
 def init_worker(worker_id: int) -> None:
@@ -73,3 +75,19 @@ class CountedBatches:
         close = getattr(self.source, "close", None)  # LoaderBatches and generators have one
         if close is not None:
             close()
+
+
+class MappedBatches:
+    """Batches of a pipeline, each changed by `fn` (into the form a model family's loss takes), closed with it."""
+
+    def __init__(self, source, fn):
+        self.source, self.fn = source, fn
+
+    def __iter__(self) -> MappedBatches:
+        return self
+
+    def __next__(self):
+        return self.fn(next(self.source))
+
+    def close(self) -> None:
+        self.source.close()

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from ..data import shakespeare_batches, synthetic_batches
+from ..data import sample_tokens, shakespeare_batches, synthetic_batches
 from ..errors import ConfigError, ToggleUnavailable
 from ..models.family import ModelAdapter
 from ..models.presets import CHAR_VOCAB, PRESETS
+from . import generation
 
 FAMILIES = ("gpt2", "llama")
 
@@ -188,6 +189,8 @@ class HFCausalLM(ModelAdapter):
                               f"({type(self.hf_config).__name__}); allowed: 1 to {limit}")
         if cfg.batch_fn is not None:
             return {"seq_len": seq, "data": "custom"}
+        if cfg.dataset is not None:  # your tokenized dataset: tokens per sample are its input_ids' length
+            return {"seq_len": seq, "data": "dataset", "tokens_per_sample": sample_tokens(cfg.dataset) or seq}
         data = "shakespeare" if cfg.data == "auto" else cfg.data
         if data == "shakespeare" and self.vocab_size < CHAR_VOCAB:
             raise ConfigError(f"RunConfig.data='shakespeare' needs a vocabulary of at least {CHAR_VOCAB} ids (the "
@@ -200,13 +203,21 @@ class HFCausalLM(ModelAdapter):
         else:  # the shipped corpus: its characters are ids 0..64 of the model's vocabulary
             pairs = ((x.to(device, non_blocking=True), y) for x, y in
                      shakespeare_batches(cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs))
+        return (self.batch_of(x, y) for x, y in pairs)
+
+    def batch_of(self, x: torch.Tensor, y: torch.Tensor) -> Any:
         # labels are the inputs: the model shifts them by one inside its loss, as in a Trainer script
-        return ({"input_ids": x, "labels": x} for x, _ in pairs)
+        return {"input_ids": x, "labels": x}
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        if isinstance(batch, Mapping):
-            return model(**batch, use_cache=False).loss
-        return model(input_ids=batch, labels=batch, use_cache=False).loss
+        if not isinstance(batch, Mapping):
+            return model(input_ids=batch, labels=batch, use_cache=False).loss
+        if "labels" not in batch:  # a tokenized dataset without labels: the inputs, padding left out of the loss
+            labels = batch["input_ids"]
+            if "attention_mask" in batch:
+                labels = labels.masked_fill(batch["attention_mask"] == 0, -100)
+            batch = {**batch, "labels": labels}
+        return model(**batch, use_cache=False).loss
 
     # -- what the toggles ask of it --------------------------------------------------------------------
     def attention_support(self) -> tuple[bool, str]:
@@ -240,6 +251,22 @@ class HFCausalLM(ModelAdapter):
     def sequential_checkpoint_support(self) -> tuple[bool, str]:
         return False, ("checkpoint_sequential passes one tensor from block to block, and Hugging Face blocks "
                        "also take masks and position embeddings: use checkpointing=1 (every block) or k")
+
+    # -- generation (scalekit.hf.generation: transformers' caches, positions and masks) ----------------------
+    def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
+        return generation.kv_cache_support(self.model_class, kind)
+
+    def new_cache(self, model, kind, batch, max_len, device):
+        return generation.new_cache(model, kind, max_len)
+
+    def cache_bytes(self, cache) -> int:
+        return generation.cache_bytes(cache)
+
+    def pads_prompts(self) -> bool:
+        return True
+
+    def logits(self, model, ids, cache=None, input_pos=None, pad=None, last_only=False):
+        return generation.logits(model, ids, cache, input_pos, pad, last_only)
 
     def __repr__(self) -> str:
         return f"HFCausalLM({self.model_class.__name__})"

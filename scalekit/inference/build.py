@@ -3,7 +3,10 @@
 The same phases as a training run (`scalekit.toggles.PHASES`), walked with loop="generate": only toggles
 that apply to generation act (tf32, bf16, sdpa, kv_cache, quantize, compile, inference_mode).  After the
 "model_config" phase the model is built: the shipped weights loaded into a GPT of the (possibly changed)
-config, a preset's random weights, or your model.  Generation has no data or optimizer to build.
+config, a preset's random weights, or your model (built by its family: a Hugging Face model the Transformers
+way, with the attention the sdpa toggle chose).  Generation has no data or optimizer to build.  Every
+generation has a model family in `ctx.model_adapter` (scalekit.families.generation_family): it says how the
+decode loop runs a forward with the model's cache.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import copy
 
 import torch
 
-from ..errors import ConfigError
+from ..families import generation_family
 from ..models import GPT, PRESETS, GPTConfig
 from ..models.blocks import find_blocks
 from ..models.pretrained import PRETRAINED_NAMES, load_pretrained, pretrained_info
@@ -36,7 +39,8 @@ def initial_gpt_config(cfg: GenerateConfig) -> GPTConfig | None:
 def build_generation(cfg: GenerateConfig, hw, stack: contextlib.ExitStack) -> BuildContext:
     """The model, built fresh, with the generation toggles of `cfg` applied phase by phase."""
     torch.manual_seed(cfg.seed)
-    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack, gpt_config=initial_gpt_config(cfg))
+    ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack, gpt_config=initial_gpt_config(cfg),
+                       model_adapter=generation_family(cfg.model).copy())  # the toggles change the copy
     for phase in PHASES:
         apply_toggles(ctx, phase, cfg.toggles, loop="generate")
         if phase in BUILDERS:
@@ -46,10 +50,8 @@ def build_generation(cfg: GenerateConfig, hw, stack: contextlib.ExitStack) -> Bu
 
 def build_generation_model(ctx: BuildContext) -> None:
     cfg: GenerateConfig = ctx.config
-    if ctx.gpt_config is None:  # your own model
-        model = copy.deepcopy(cfg.model) if isinstance(cfg.model, torch.nn.Module) else cfg.model()
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"GenerateConfig.model() returned {type(model).__name__}, not an nn.Module")
+    if ctx.gpt_config is None:  # a Hugging Face model, or your own: built fresh by its family
+        model = ctx.model_adapter.build()
     else:
         model = GPT(ctx.gpt_config)  # the toggles' config (sdpa), with the source's weights loaded into it
         if isinstance(cfg.model, str) and cfg.model in PRETRAINED_NAMES:

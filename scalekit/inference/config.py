@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from ..checks import check_bool, check_device, check_label, int_in
 from ..data import CharTokenizer, corpus_text
 from ..errors import ConfigError, ToggleUnavailable
+from ..families import generation_family, is_hf_source
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
 from ..toggles import TOGGLES, check_combination, normalise
@@ -26,10 +27,12 @@ MAX_PROMPTS = 4096
 class GenerateConfig:
     """A model, prompts, how many tokens to generate and how, and the toggles switched on."""
 
-    model: str | torch.nn.Module | Callable[[], torch.nn.Module] = "shakespeare-char"
+    model: Any = "shakespeare-char"
     """'shakespeare-char' (the shipped model), a preset ('tiny', 'small', 'medium', 'gpt2-124m': random
-    weights from `seed`), or your own model (a module, or a function building one) whose forward(idx) returns
-    logits (B, T, V) or a tuple that starts with them."""
+    weights from `seed`), a Hugging Face causal LM (a PreTrainedModel, a transformers config, or
+    scalekit.hf.causal_lm(...)), or your own model (a module, or a function building one) whose forward(idx)
+    returns logits (B, T, V), a tuple that starts with them, or an object with `.logits`; it gets a KV cache
+    when it follows one of the conventions of scalekit.models.conventions."""
     prompts: str | Sequence[str] | Sequence[Sequence[int]] = "ROMEO:"
     """One prompt, or a batch of them (text, or lists of token ids); prompts of different lengths are left-padded."""
     max_new_tokens: int = 200
@@ -47,11 +50,14 @@ class GenerateConfig:
     warmup_tokens: int = 8
     """New tokens of an unmeasured warm-up generation first (compilation happens there); 0: none."""
     quality: bool = True
-    """Measure perplexity on held-out text and greedy agreement with the model as built (built-in GPT only)."""
+    """Measure perplexity on held-out tokens and greedy agreement with the model as built."""
     quality_windows: int = 8
     """Held-out windows the quality measures read."""
-    quality_seq_len: int = 256
-    """Tokens per held-out window (at most the model's context)."""
+    quality_seq_len: int | None = None
+    """Tokens per held-out window (at most the model's context); None: 256, cut to the model's context."""
+    quality_tokens: Any = None
+    """Held-out token ids for perplexity and agreement (a 1-D list or tensor); None: the shipped corpus'
+    validation split, where the model's vocabulary holds its characters."""
     measure_memory: bool = True
     """On CPU, count live tensor bytes over one extra, unmeasured generation for the peak memory."""
     tokenizer: Any = None
@@ -77,7 +83,8 @@ class GenerateConfig:
         self._validate_model()
         self._validate_prompts()
         for name, (low, high) in INT_RANGES.items():
-            int_in("GenerateConfig", name, getattr(self, name), low, high)
+            if getattr(self, name) is not None or name != "quality_seq_len":
+                int_in("GenerateConfig", name, getattr(self, name), low, high)
         if self.top_k is not None:
             int_in("GenerateConfig", "top_k", self.top_k, 1, 2**31)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) \
@@ -89,20 +96,26 @@ class GenerateConfig:
         check_device("GenerateConfig", self.device)
         check_label("GenerateConfig", self.label)
         self._validate_lengths()
+        self._validate_quality_tokens()
 
     def _validate_model(self) -> None:
         if isinstance(self.model, str):
             if self.model not in MODEL_NAMES:
                 raise ConfigError(f"GenerateConfig.model: unknown model {self.model!r}; allowed: "
-                                  f"{', '.join(MODEL_NAMES)}, or your own nn.Module")
-        elif not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
-            raise ConfigError(f"GenerateConfig.model must be a model name, an nn.Module or a function returning "
-                              f"one, got {type(self.model).__name__}")
+                                  f"{', '.join(MODEL_NAMES)}, a Hugging Face model or config, or your own nn.Module")
+        elif not (isinstance(self.model, torch.nn.Module) or callable(self.model) or is_hf_source(self.model)):
+            raise ConfigError(f"GenerateConfig.model must be a model name, an nn.Module, a Hugging Face config or a "
+                              f"function returning a model, got {type(self.model).__name__}")
         if self.custom_model:
+            family = self.family()
             for name in self.toggles:
-                if TOGGLES[name].gpt_only:
-                    raise ToggleUnavailable(f"toggle {name!r} works on the built-in GPT, not on your own model "
-                                            f"(GenerateConfig.model); give a scalekit GPT to use it")
+                ok, why = TOGGLES[name].applies_to(family)
+                if not ok:
+                    raise ToggleUnavailable(f"toggle {name!r} {why}")
+            if "kv_cache" in self.toggles:
+                ok, why = family.kv_cache_support(self.toggles["kv_cache"])
+                if not ok:
+                    raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
 
     def _validate_prompts(self) -> None:
         prompts = self.prompts
@@ -116,36 +129,84 @@ class GenerateConfig:
                 raise ConfigError(f"GenerateConfig.prompts[{i}] must be non-empty text or a non-empty list of "
                                   f"token ids (integers >= 0), got {p!r:.80}")
         ids = self.prompt_ids()  # every character must be a token the tokenizer knows
-        if self.custom_model and len({len(p) for p in ids}) > 1:
-            raise ConfigError("GenerateConfig.prompts: prompts of different lengths are left-padded, and only the "
-                              "built-in GPT masks padding; give your own model prompts of the same length")
+        family = self.family()
+        if len({len(p) for p in ids}) > 1 and not family.pads_prompts():
+            raise ConfigError(f"GenerateConfig.prompts: prompts of different lengths are left-padded, and "
+                              f"{family.family} cannot be told where each row starts (a forward with pad=..., as the "
+                              f"built-in GPT's, or a Hugging Face model's attention_mask): give prompts of one length")
+        vocab = self.vocab_size()
+        for i, p in enumerate(ids):
+            if vocab is not None and max(p) >= vocab:
+                raise ConfigError(f"GenerateConfig.prompts[{i}] holds token id {max(p)}, outside the model's "
+                                  f"vocabulary of {vocab} ids (allowed: 0 to {vocab - 1})")
 
     def _validate_lengths(self) -> None:
         context = self.context_length()
         if context is None:
             return
+        for i, p in enumerate(self.prompt_ids()):
+            if len(p) > context:
+                raise ConfigError(f"GenerateConfig.prompts[{i}] is {len(p)} tokens, longer than the model's context "
+                                  f"of {context} positions")
         longest = max(len(p) for p in self.prompt_ids())
         if longest + self.max_new_tokens > context:
             raise ConfigError(f"GenerateConfig.max_new_tokens: the longest prompt ({longest} tokens) plus "
                               f"max_new_tokens ({self.max_new_tokens}) is {longest + self.max_new_tokens}, beyond "
                               f"the model's context of {context} positions: at most {context - longest} new tokens")
-        if self.quality and self.quality_seq_len > context:
+        if self.quality and self.quality_seq_len is not None and self.quality_seq_len > context:
             raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond the model's "
-                              f"context of {context} positions")
+                              f"context of {context} positions; allowed: 2 to {context} (None: cut to fit)")
+
+    def _validate_quality_tokens(self) -> None:
+        tokens = self.quality_tokens
+        if tokens is None:
+            return
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.tolist() if tokens.dim() == 1 else None
+        ok = isinstance(tokens, Sequence) and not isinstance(tokens, str) and all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in tokens)
+        if not ok or len(tokens) < 3:
+            raise ConfigError("GenerateConfig.quality_tokens must be a 1-D list or tensor of at least 3 token ids "
+                              "(integers >= 0), or None for the shipped corpus")
+        vocab = self.vocab_size()
+        if vocab is not None and max(tokens) >= vocab:
+            raise ConfigError(f"GenerateConfig.quality_tokens holds token id {max(tokens)}, outside the model's "
+                              f"vocabulary of {vocab} ids (allowed: 0 to {vocab - 1})")
 
     # -- what the config says, concretely -----------------------------------------------------------
     @property
     def custom_model(self) -> bool:
+        """A model other than the built-in GPT (a Hugging Face model, or your own)."""
         return not isinstance(self.model, str) and not _is_builtin_gpt(self.model)
 
+    def family(self):
+        """The model's generation family (scalekit.models.family.ModelAdapter): how it runs a decode step."""
+        return generation_family(self.model)
+
     def context_length(self) -> int | None:
-        """Positions the model holds (None for your own model: its limits are its own)."""
+        """Positions the model holds (None for your own model when it does not say: its limits are its own)."""
         from ..models.pretrained import pretrained_info
 
         if isinstance(self.model, str):
             return pretrained_info(self.model)["config"]["block_size"] if self.model in PRETRAINED_NAMES \
                 else PRESETS[self.model].block_size
-        return self.model.config.block_size if _is_builtin_gpt(self.model) else None
+        return self.family().context_len
+
+    def vocab_size(self) -> int | None:
+        """Token ids the model reads (None: your model does not say)."""
+        from ..models.pretrained import pretrained_info
+
+        if isinstance(self.model, str):
+            return pretrained_info(self.model)["config"]["vocab_size"] if self.model in PRETRAINED_NAMES \
+                else PRESETS[self.model].vocab_size
+        return self.family().vocab_size
+
+    def quality_window(self) -> int:
+        """Tokens per held-out window: quality_seq_len, or 256 cut to the model's context."""
+        if self.quality_seq_len is not None:
+            return self.quality_seq_len
+        context = self.context_length()
+        return min(DEFAULT_QUALITY_SEQ_LEN, context - 1) if context else DEFAULT_QUALITY_SEQ_LEN
 
     def get_tokenizer(self):
         return self.tokenizer if self.tokenizer is not None else corpus_tokenizer()
@@ -187,10 +248,13 @@ class GenerateConfig:
             value = getattr(self, f.name)
             if f.name in ("model", "tokenizer") and value is not None and not isinstance(value, str):
                 value = getattr(value, "__qualname__", type(value).__qualname__)
+            elif f.name == "quality_tokens" and value is not None:
+                value = f"{len(value)} token ids"
             out[f.name] = dict(value) if f.name == "toggles" else value
         return out
 
 
+DEFAULT_QUALITY_SEQ_LEN = 256
 INT_RANGES = {
     "max_new_tokens": (1, 10**6),
     "seed": (0, 2**63 - 1),
@@ -198,6 +262,16 @@ INT_RANGES = {
     "quality_windows": (1, 10**5),
     "quality_seq_len": (2, 2**20),
 }
+
+
+def fitting_new_tokens(model, prompts, wanted: int = 200, tokenizer=None) -> int:
+    """`wanted` new tokens, cut so that the longest prompt and they fit the model's context (a preset's default
+    of the command line: `scalekit generate --model tiny` generates 58 after 'ROMEO:', not 200)."""
+    probe = GenerateConfig(model=model, prompts=prompts, max_new_tokens=1, quality=False, tokenizer=tokenizer)
+    context = probe.context_length()
+    if context is None:
+        return wanted
+    return max(1, min(wanted, context - max(len(p) for p in probe.prompt_ids())))
 
 
 @functools.lru_cache(maxsize=1)

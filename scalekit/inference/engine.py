@@ -22,7 +22,7 @@ from ..toggles import BuildContext
 from .build import build_generation
 from .config import GenerateConfig
 from .loop import GREEDY, Decoded, Sampling, decode, pad_prompts
-from .quality import measure_quality, same_prefix
+from .quality import measure_quality, same_prefix, unmeasurable
 from .results import GenerateResult, TokenRecord, p90
 from .weights import _module_tensors, weight_bytes
 
@@ -194,11 +194,12 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
              max_len: int, status) -> None:
     if not cfg.quality:
         return
-    if ctx.gpt_config is None:
-        result.notes.append("quality not measured: perplexity and agreement are measured for the built-in GPT")
+    why = unmeasurable(cfg.vocab_size(), cfg.quality_tokens)
+    if why:
+        result.notes.append(why)
         return
     status("measuring quality: held-out perplexity and agreement with the model as built")
-    q = measure_quality(ctx, min(cfg.quality_seq_len, ctx.gpt_config.block_size), cfg.quality_windows)
+    q = measure_quality(ctx, cfg.quality_window(), cfg.quality_windows, cfg.quality_tokens)
     result.heldout_loss, result.perplexity = q["heldout_loss"], q["perplexity"]
     result.reference_perplexity, result.agreement = q["reference_perplexity"], q["agreement"]
     if cfg.temperature == 0 and (ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None):
@@ -207,7 +208,9 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
 
 
 def _reference_generation(ctx: BuildContext, ids, pad, new_tokens: int, max_len: int) -> torch.Tensor:
-    """Greedy tokens of the reference (fp32, unquantized, dynamic KV cache, no_grad, eager)."""
+    """Greedy tokens of the reference (fp32, unquantized, a KV cache of the family's, no_grad, eager)."""
+    family = ctx.model_adapter
+    kind = next((k for k in ("dynamic", "static") if family.kv_cache_support(k)[0]), None)
     ref = BuildContext(config=ctx.config, hw=ctx.hw, device=ctx.device, stack=ctx.stack, gpt_config=ctx.gpt_config,
-                       base_model=ctx.reference_model, model=ctx.reference_model, kv_cache="dynamic")
+                       model_adapter=family, base_model=ctx.reference_model, model=ctx.reference_model, kv_cache=kind)
     return decode(ref, ids, pad, new_tokens, max_len).tokens

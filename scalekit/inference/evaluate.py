@@ -2,8 +2,8 @@
 
 `RunConfig(eval_every=N)` makes the engine call `Evaluator.maybe_run` between measured steps, outside their
 timing but inside the run's wall time: each evaluation reads the held-out loss over the same fixed batches
-(the validation split of the shipped corpus; for your own model, batches your batch_fn made once at the
-start) and, with `eval_new_tokens`, writes a short greedy sample with the decode loop.  Both run under the
+(the validation split of the shipped corpus, as the model's family takes it; for your own model, batches
+your batch_fn or dataset made once at the start) and, with `eval_new_tokens`, writes a short greedy sample with the decode loop.  Both run under the
 grad mode and KV cache the generation toggles chose (inference_mode, kv_cache) and the run's autocast.
 The result keeps every evaluation and the share of the wall time they took.
 """
@@ -16,7 +16,7 @@ from itertools import islice
 import numpy as np
 import torch
 
-from ..data import load_tokens, synthetic_batches
+from ..data import dataset_loader, load_tokens, synthetic_batches, to_device
 from ..errors import ConfigError
 from ..models.presets import PRESETS
 from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
@@ -26,13 +26,20 @@ from .loop import decode, step_contexts
 SAMPLE_PROMPT_TOKENS = 8  # the sample continues the first characters of the held-out text
 
 
-def heldout_batches(cfg, device) -> list:
-    """The evaluation's fixed batches: consecutive validation windows of the run's shape."""
-    if cfg.custom_model:
+def heldout_batches(cfg, device, family=None) -> list:
+    """The evaluation's fixed batches: consecutive validation windows of the run's shape (as the model's
+    family's loss takes them: a Hugging Face model's {"input_ids", "labels"}), or batches of your batch_fn or
+    dataset, made once."""
+    if cfg.batch_fn is not None:
         return [cfg.batch_fn(cfg.batch_size, device) for _ in range(cfg.eval_batches)]
+    if cfg.dataset is not None:  # (a different shuffle of the same data: scalekit knows no held-out part of it)
+        batches = iter(dataset_loader(cfg.dataset, cfg.batch_size, cfg.seed + 1, cfg.collate_fn))
+        return [to_device(next(batches), device) for _ in range(cfg.eval_batches)]
+    convert = family.batch_of if family is not None else (lambda x, y: (x, y))
     if cfg.data == "synthetic":
-        batches = synthetic_batches(PRESETS[cfg.preset].vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed + 1, device)
-        return list(islice(batches, cfg.eval_batches))
+        vocab = family.vocab_size if family is not None else PRESETS[cfg.preset].vocab_size
+        batches = synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed + 1, device)
+        return [convert(x, y) for x, y in islice(batches, cfg.eval_batches)]
     tokens = np.asarray(load_tokens("val"))
     T, B = cfg.seq_len, cfg.batch_size
     fit = (len(tokens) - 1) // T
@@ -43,7 +50,7 @@ def heldout_batches(cfg, device) -> list:
     for b in range(min(cfg.eval_batches, fit // B)):
         rows = [torch.from_numpy(tokens[(b * B + r) * T:(b * B + r) * T + T + 1].astype(np.int64)) for r in range(B)]
         xy = torch.stack(rows).to(device)
-        out.append((xy[:, :-1], xy[:, 1:]))
+        out.append(convert(xy[:, :-1], xy[:, 1:]))
     return out
 
 
@@ -54,7 +61,7 @@ class Evaluator:
         cfg = ctx.config
         self.ctx = ctx
         self.every, self.warmup = cfg.eval_every, cfg.warmup_steps
-        self.batches = heldout_batches(cfg, ctx.device)
+        self.batches = heldout_batches(cfg, ctx.device, ctx.model_adapter)
         self.prompt = None
         if cfg.eval_new_tokens:
             self.prompt = self._sample_prompt(ctx, cfg)

@@ -2,7 +2,9 @@
 
 Read `decode` top to bottom: a fresh KV cache of the kind the toggles chose (or none), the prompt's forward
 (the prefill), then steps that feed the last token (with a cache) or the whole sequence so far (without
-one) and pick the next token.  Each decode step is timed on the device (CUDA events, or a monotonic clock
+one) and pick the next token.  How a forward runs with a cache and where its logits are is the model
+family's (`ctx.model_adapter`, scalekit.models.family): the built-in GPT's convention, gpt-fast's
+setup_caches, transformers' own caches; the loop is the same for all.  Each decode step is timed on the device (CUDA events, or a monotonic clock
 on the CPU, where ops run synchronously); tokens are read back to the host only where a caller streams them.
 With a static cache the position goes in as a tensor updated in place, so a compiled step sees the same
 inputs every time: one graph.  The prefill runs the model eagerly (its shape is the prompt's): only the
@@ -20,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from ..measure.timing import step_timer, synchronize
-from ..models.kv_cache import make_cache
+from ..models.conventions import BUILTIN
+from ..models.family import logits_of  # noqa: F401 - reached as scalekit.inference.loop.logits_of
 from ..toggles import BuildContext
 
 
@@ -70,9 +73,10 @@ def step_contexts(ctx: BuildContext):
     return stack
 
 
-def logits_of(output) -> torch.Tensor:
-    """A model's logits: the built-in GPT returns (logits, loss); your model may return either."""
-    return output[0] if isinstance(output, (tuple, list)) else output
+def family_of(ctx: BuildContext):
+    """The model family that says how a forward runs (the built-in GPT's convention when the run has none:
+    a training run's evaluation of the built-in GPT)."""
+    return ctx.model_adapter if ctx.model_adapter is not None else BUILTIN
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,10 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
            sampling: Sampling = GREEDY, on_token: Callable | None = None, stop=None, model=None) -> Decoded:
     """Generate `new_tokens` after the prompts `ids` (B, T0); the cache (if any) holds `max_len` positions."""
     model = model or ctx.model  # what decode steps call: compiled when compile is on
+    family = family_of(ctx)
     B, T0 = ids.shape
-    cache = make_cache(ctx.kv_cache, ctx.gpt_config, B, max_len, ctx.device) if ctx.kv_cache else None
+    family.prepare(ctx.base_model, B, max_len)
+    cache = family.new_cache(ctx.base_model, ctx.kv_cache, B, max_len, ctx.device) if ctx.kv_cache else None
     seq = torch.zeros(B, T0 + new_tokens, dtype=torch.long, device=ctx.device)
     seq[:, :T0] = ids
     timer = step_timer(ctx.device)
@@ -101,7 +107,7 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
     steps = 0  # tokens made so far (a Ctrl-C keeps them)
     with step_contexts(ctx):
         try:
-            logits = _prefill(ctx, model, ids, pad, cache, out)
+            logits = _prefill(ctx, family, model, ids, pad, cache, out)
             tok = sample(logits[:, -1], sampling)
             seq[:, T0] = tok
             steps = 1
@@ -116,7 +122,7 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
                     break
                 t_step = time.perf_counter()
                 timer.start()
-                logits = _step_logits(model, seq, tok, cache, input_pos, pad, T0 + i)
+                logits = _step_logits(family, model, seq, tok, cache, input_pos, pad, T0 + i)
                 tok = sample(logits[:, -1], sampling)
                 seq[:, T0 + i] = tok
                 steps += 1
@@ -131,31 +137,32 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
         synchronize(ctx.device)
     out.total_s = time.perf_counter() - t0
     out.tokens = seq[:, T0:T0 + steps]
-    out.cache_bytes = cache.nbytes() if cache is not None else 0
+    out.cache_bytes = family.cache_bytes(cache) if cache is not None else 0
     return out
 
 
-def _step_logits(model, seq: torch.Tensor, tok: torch.Tensor, cache, input_pos: torch.Tensor, pad, length: int):
+def _step_logits(family, model, seq: torch.Tensor, tok: torch.Tensor, cache, input_pos: torch.Tensor, pad,
+                 length: int):
     """One decode step's logits: the last token into the cache, or (without one) the whole sequence again."""
     if cache is None:
-        return logits_of(model(seq[:, :length], pad=pad) if pad is not None else model(seq[:, :length]))
+        return family.logits(model, seq[:, :length], pad=pad, last_only=True)
     # the last token as its own (B, 1) tensor: a slice of `seq` would carry seq's strides, which differ
     # between generations of different lengths and would make compile recompile
-    logits = logits_of(model(tok.view(-1, 1), cache=cache, input_pos=input_pos, pad=pad))
+    logits = family.logits(model, tok.view(-1, 1), cache, input_pos, pad, last_only=True)
     input_pos += 1  # in place: the compiled step sees the same tensor, one graph
     return logits
 
 
-def _prefill(ctx: BuildContext, model, ids: torch.Tensor, pad, cache, out: Decoded) -> torch.Tensor:
+def _prefill(ctx: BuildContext, family, model, ids: torch.Tensor, pad, cache, out: Decoded) -> torch.Tensor:
     """The prompts' forward pass (filling the cache, if any), timed on its own; the logits."""
     synchronize(ctx.device)
     t = time.perf_counter()
     if cache is not None:
         # eagerly, on the unwrapped model: its shape is the prompt's, and only the decode step is compiled
         input_pos = torch.arange(ids.shape[1], device=ctx.device)
-        logits = logits_of(ctx.base_model(ids, cache=cache, input_pos=input_pos, pad=pad))
+        logits = family.logits(ctx.base_model, ids, cache, input_pos, pad, last_only=True)
     else:
-        logits = logits_of(model(ids, pad=pad) if pad is not None else model(ids))
+        logits = family.logits(model, ids, pad=pad, last_only=True)
     synchronize(ctx.device)
     out.prefill_ms = (time.perf_counter() - t) * 1e3
     return logits

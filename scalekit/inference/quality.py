@@ -1,7 +1,9 @@
 """Quality beside speed: perplexity on held-out text, and agreement with the model as built.
 
-Both read the same held-out windows (the shipped corpus' validation split: the last 10%, never trained
-on): consecutive, non-overlapping windows from its start, each predicting its next tokens.
+Both read the same held-out windows (token ids you give, GenerateConfig.quality_tokens, or else the shipped
+corpus' validation split: the last 10%, never trained on): consecutive, non-overlapping windows from its
+start, each predicting its next tokens.  Any model that returns logits is measured: its family
+(ctx.model_adapter) says where the logits are.
 - perplexity: exp of the mean cross-entropy, in nats per token, of this configuration's model (quantized,
   under bf16 autocast and the grad mode the toggles chose), beside the reference's on the same windows;
 - agreement: the share of positions where this configuration's greedy (argmax) token equals the
@@ -18,35 +20,51 @@ import torch
 import torch.nn.functional as F
 
 from ..data import load_tokens
+from ..errors import ConfigError
 from ..toggles import BuildContext
-from .loop import logits_of, step_contexts
+from .loop import family_of, step_contexts
 
 
-def heldout_windows(seq_len: int, n_windows: int, vocab_size: int) -> torch.Tensor:
-    """(n, seq_len + 1) token windows from the start of the validation split."""
-    tokens = np.asarray(load_tokens("val"))
-    fit = (len(tokens) - 1) // seq_len
-    n = min(n_windows, fit)
+def heldout_windows(seq_len: int, n_windows: int, tokens=None) -> torch.Tensor:
+    """(n, seq_len + 1) token windows from the start of `tokens` (None: the shipped corpus' validation split);
+    a sequence shorter than one window gives one window of all of it."""
+    tokens = np.asarray(load_tokens("val") if tokens is None else
+                        (tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)))
+    seq_len = min(seq_len, len(tokens) - 1)
+    n = min(n_windows, (len(tokens) - 1) // seq_len)
     data = torch.from_numpy(tokens[: n * seq_len + 1].astype(np.int64))
-    windows = torch.stack([data[k * seq_len: k * seq_len + seq_len + 1] for k in range(n)])
-    if int(windows.max()) >= vocab_size:
-        raise ValueError(f"the held-out text has token ids up to {int(windows.max())}, beyond the model's vocab "
-                         f"of {vocab_size}")
-    return windows
+    return torch.stack([data[k * seq_len: k * seq_len + seq_len + 1] for k in range(n)])
+
+
+def unmeasurable(vocab_size: int | None, tokens) -> str | None:
+    """Why quality cannot be measured on the shipped corpus for this model (None: it can)."""
+    if tokens is None and vocab_size is not None and vocab_size < CORPUS_VOCAB:
+        return (f"quality not measured: the shipped corpus has {CORPUS_VOCAB} character ids and the model reads "
+                f"{vocab_size}; give held-out token ids as GenerateConfig.quality_tokens")
+    return None
+
+
+CORPUS_VOCAB = 65  # the shipped corpus' characters
 
 
 @torch.no_grad()
-def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, batch_size: int = 8) -> dict:
-    """{'heldout_loss', 'perplexity', 'reference_loss', 'reference_perplexity', 'agreement'} on held-out text."""
+def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, tokens=None, batch_size: int = 8) -> dict:
+    """{'heldout_loss', 'perplexity', 'reference_loss', 'reference_perplexity', 'agreement'} on held-out tokens."""
     model, reference = ctx.base_model, ctx.reference_model
-    windows = heldout_windows(seq_len, n_windows, ctx.gpt_config.vocab_size)
+    family = family_of(ctx)
+    windows = heldout_windows(seq_len, n_windows, tokens)
     loss_sum = ref_sum = agree = count = 0.0
     for first in range(0, len(windows), batch_size):
         batch = windows[first: first + batch_size].to(ctx.device)
         x, y = batch[:, :-1], batch[:, 1:]
+        family.prepare(model, x.shape[0], x.shape[1])  # (a model that keeps its own cache allocates it)
         with step_contexts(ctx):  # this configuration: its grad mode and autocast
-            logits = logits_of(model(x)).float()
-        ref_logits = logits_of(reference(x)).float()  # the reference: fp32, no autocast
+            logits = family.logits(model, x).float()
+        family.prepare(reference, x.shape[0], x.shape[1])
+        ref_logits = family.logits(reference, x).float()  # the reference: fp32, no autocast
+        if logits.size(-1) <= int(y.max()):
+            raise ConfigError(f"GenerateConfig.quality_tokens: the held-out tokens hold id {int(y.max())}, and the "
+                              f"model's logits cover {logits.size(-1)} ids; give held-out ids the model reads")
         loss_sum += F.cross_entropy(logits.transpose(1, 2), y, reduction="sum").item()
         ref_sum += F.cross_entropy(ref_logits.transpose(1, 2), y, reduction="sum").item()
         agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()

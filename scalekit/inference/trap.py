@@ -36,7 +36,7 @@ def graphs_for_steps(model, steps: int, position: str = "tensor", prompt_len: in
     fn = step_with_int_position if position == "int" else step_with_tensor_position
     compiled = torch.compile(fn, backend=counter, dynamic=False)
     device = next(model.parameters()).device
-    cache = make_cache("static", model.config, 1, prompt_len + steps, device)
+    cache = make_cache("static", model.config.n_layer, prompt_len + steps, device)
     prompt = torch.zeros(1, prompt_len, dtype=torch.long, device=device)
     model(prompt, cache=cache, input_pos=torch.arange(prompt_len, device=device))  # the prefill, eager
     token = torch.zeros(1, 1, dtype=torch.long, device=device)

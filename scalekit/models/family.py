@@ -7,6 +7,15 @@ checkpoint its blocks call the methods below, so they learn what the model can d
 never from a model's name.  A method left as it is here means the family cannot make that change; the
 `*_support` methods say why, and the config, the CLI and the Lab show that reason.
 
+Generation asks a family four more things (the "generation" methods below): which KV caches it keeps
+(`kv_cache_support`, `new_cache`, `cache_bytes`), how one forward gives logits with or without a cache
+(`logits`: the built-in GPT's `forward(idx, cache=..., input_pos=...)`, gpt-fast's `forward(idx, input_pos)`
+after `setup_caches`, transformers' `past_key_values` and `cache_position`), whether prompts of different
+lengths can be left-padded, and its context and vocabulary.  The defaults are a plain language model:
+forward(idx) gives logits (a tensor, a tuple that starts with them, or an object with `.logits`), and it
+keeps no cache.  The two conventions a model of your own can follow to get one are in
+scalekit.models.conventions.
+
 A run builds from `copy()`: the toggles change the copy, never the adapter the user passed.
 """
 
@@ -19,6 +28,25 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, ToggleUnavailable
+
+# what a model of your own must do for scalekit to keep a KV cache for it: said wherever it cannot
+CACHE_CONVENTIONS = ("forward(idx, cache=..., input_pos=...) as the built-in GPT takes them (scalekit makes and fills "
+                     "the cache), or setup_caches(max_batch_size, max_seq_length) with forward(idx, input_pos) as "
+                     "gpt-fast and Llama 3's reference code write it")
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits in a model's output: a tensor, the first item of a tuple (the built-in GPT returns
+    (logits, loss)), or the `.logits` of an output object (transformers' ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise ConfigError(f"the model's forward returned a {type(output).__name__}: generation needs logits (B, T, "
+                      f"vocab) as a tensor, a tuple starting with them, or an object with .logits")
 
 
 class ModelAdapter:
@@ -51,6 +79,10 @@ class ModelAdapter:
         """The default loss_fn(model, batch)."""
         raise ConfigError(f"RunConfig.loss_fn: {self.family} has no default loss; give loss_fn")
 
+    def batch_of(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        """A batch of this family's loss from windows of token ids and their next tokens (held-out evaluation)."""
+        return x, y
+
     # -- what the toggles ask of it --------------------------------------------------------------------
     def attention_support(self) -> tuple[bool, str]:
         """Whether set_attention can switch this model to fused SDPA attention, and why not (said of the toggle)."""
@@ -75,3 +107,43 @@ class ModelAdapter:
     def sequential_checkpoint_support(self) -> tuple[bool, str]:
         """Whether torch's checkpoint_sequential can run the blocks (each takes and returns one tensor), and why not."""
         return True, ""
+
+    # -- generation ----------------------------------------------------------------------------------------
+    @property
+    def context_len(self) -> int | None:
+        """Positions the model holds (None: unknown, its limits are its own)."""
+        return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model reads (None: unknown)."""
+        return None
+
+    def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
+        """Whether generation can keep a KV cache of `kind` ('dynamic', 'static'; None: either) for this family,
+        and why not (said of the toggle)."""
+        return False, f"needs a KV cache convention, and {self.family} follows neither of the two: {CACHE_CONVENTIONS}"
+
+    def prepare(self, model: torch.nn.Module, batch: int, max_len: int) -> None:
+        """Called before each generation of `batch` rows and at most `max_len` positions (gpt-fast's models
+        allocate their caches here)."""
+
+    def new_cache(self, model: torch.nn.Module, kind: str, batch: int, max_len: int, device) -> Any:
+        """A fresh KV cache of `kind` for one generation."""
+        raise ToggleUnavailable(f"toggle 'kv_cache' {self.kv_cache_support(kind)[1]}")
+
+    def cache_bytes(self, cache: Any) -> int:
+        """Bytes the cache holds now."""
+        return cache.nbytes()
+
+    def pads_prompts(self) -> bool:
+        """Whether prompts of different lengths can be left-padded (the model is told where each row starts)."""
+        return False
+
+    def logits(self, model: torch.nn.Module, ids: torch.Tensor, cache: Any = None,
+               input_pos: torch.Tensor | None = None, pad: torch.Tensor | None = None,
+               last_only: bool = False) -> torch.Tensor:
+        """(B, T, vocab) logits of `ids`: without a cache the whole sequence so far; with one, the new tokens at
+        the absolute positions `input_pos` (T,).  `pad`: each row's left padding (None: none).  last_only: only
+        the last position's logits are read (a family may then compute only those)."""
+        return logits_of(model(ids))

@@ -1,4 +1,4 @@
-"""KV caches for the built-in GPT: keep each layer's keys and values so a decode step reads one new token.
+"""KV caches for the built-in GPT (and any model written to its convention): keep each layer's keys and values so a decode step reads one new token.
 
 Without a cache, generating token t runs the whole sequence of t tokens through the model again; with one,
 each step computes the keys and values of the new token only and attends to the ones kept from before.
@@ -10,7 +10,10 @@ each step computes the keys and values of the new token only and attends to the 
   shapes, so a compiled decode step is one graph, whatever the position.
 
 Both are filled by `GPT.forward(idx, cache=..., input_pos=...)`; `input_pos` holds the absolute positions
-of the tokens in `idx` (shape (T,)).
+of the tokens in `idx` (shape (T,)).  The convention, for a model of your own: layer i calls
+`cache.layers[i].update(k, v, input_pos)` with its keys and values (B, heads, T, head_dim) and attends over
+what it returns; `cache.key_positions(T, device)` are the positions of those keys (mask the ones after each
+query's position: a static cache's unwritten slots are among them).
 """
 
 from __future__ import annotations
@@ -42,16 +45,17 @@ class DynamicLayer:
 class StaticLayer:
     """One layer's keys and values in buffers of the maximum length, written in place."""
 
-    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, device) -> None:
-        self.shape = (batch, n_head, max_len, head_dim)
-        self.device = device
-        self.k: torch.Tensor | None = None  # allocated at the first update, in the dtype keys are computed in
+    def __init__(self, max_len: int, device) -> None:
+        self.max_len, self.device = max_len, device
+        # allocated at the first update, in the shape (batch, heads, max_len, head_dim) and dtype of the keys
+        self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
     def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor):
         if self.k is None:
-            self.k = torch.zeros(self.shape, dtype=k.dtype, device=self.device)
-            self.v = torch.zeros(self.shape, dtype=v.dtype, device=self.device)
+            B, nh, _, hs = k.shape
+            self.k = torch.zeros((B, nh, self.max_len, hs), dtype=k.dtype, device=self.device)
+            self.v = torch.zeros((B, nh, self.max_len, v.shape[-1]), dtype=v.dtype, device=self.device)
         self.k.index_copy_(2, input_pos, k.to(self.k.dtype))  # (B, nh, T, hs) written at positions input_pos
         self.v.index_copy_(2, input_pos, v.to(self.v.dtype))
         return self.k, self.v
@@ -89,9 +93,9 @@ class StaticKVCache:
 
     static = True
 
-    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int, device) -> None:
+    def __init__(self, n_layer: int, max_len: int, device) -> None:
         self.max_len = max_len
-        self.layers = [StaticLayer(batch, n_head, max_len, head_dim, device) for _ in range(n_layer)]
+        self.layers = [StaticLayer(max_len, device) for _ in range(n_layer)]
         self.positions = torch.arange(max_len, device=device)  # the keys' positions: one tensor, never remade
 
     def key_positions(self, new_tokens: int, device) -> torch.Tensor:
@@ -104,11 +108,10 @@ class StaticKVCache:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
-def make_cache(kind: str, gpt_config, batch: int, max_len: int, device):
-    """A fresh cache of `kind` ('dynamic' or 'static') for a built-in GPT of `gpt_config`."""
+def make_cache(kind: str, n_layer: int, max_len: int, device):
+    """A fresh cache of `kind` ('dynamic' or 'static') for a model of `n_layer` attention layers."""
     if kind == "dynamic":
-        return DynamicKVCache(gpt_config.n_layer)
+        return DynamicKVCache(n_layer)
     if kind == "static":
-        head_dim = gpt_config.n_embd // gpt_config.n_head
-        return StaticKVCache(gpt_config.n_layer, batch, gpt_config.n_head, max_len, head_dim, device)
+        return StaticKVCache(n_layer, max_len, device)
     raise ValueError(f"KV cache kind must be one of {CACHE_KINDS}, got {kind!r}")

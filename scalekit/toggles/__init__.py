@@ -185,4 +185,4 @@ def needs_process_group(toggles) -> bool:
 
 __all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination",
            "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "BuildContext", "OptimizerStep",
-           "PHASES", "LOOPS"]
+           "PHASES", "LOOPS", "LOOP_WORDS"]

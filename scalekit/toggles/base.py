@@ -152,6 +152,16 @@ def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
                    f"where batches are not copied at all")
 
 
+def no_loader(cfg: Any, name: str) -> str | None:
+    """Why a DataLoader toggle changes nothing for RunConfig `cfg` (None: its batches come from a DataLoader)."""
+    if cfg.data == "synthetic":
+        return f"{name} changes nothing for synthetic data: it is made on the device"
+    if cfg.data == "custom":
+        return (f"{name} changes nothing for batches your batch_fn makes: they are made in the training process, "
+                f"with no DataLoader; give RunConfig.dataset and scalekit builds the DataLoader it acts on")
+    return None
+
+
 class Toggle:
     """One optimization.  Subclasses set the class attributes and implement `apply`."""
 
@@ -194,12 +204,12 @@ class Toggle:
         return None
 
     def applies_to(self, adapter: Any) -> tuple[bool, str]:
-        """Whether it applies to a model other than the built-in GPT (RunConfig.model): `adapter` is that model's
-        family adapter (scalekit.models.family.ModelAdapter), or None for a plain nn.Module; (False, why) if not,
-        `why` said of the toggle ("changes the built-in GPT ...")."""
+        """Whether it applies to a model other than the built-in GPT: `adapter` is that model's family
+        (scalekit.models.family.ModelAdapter: Hugging Face's, or scalekit.models.conventions.OwnModel for a model
+        of your own); (False, why) if not, `why` said of the toggle and naming the family."""
         if self.gpt_only:
-            return False, ("changes the built-in GPT and does not apply to your own model (RunConfig.model): a plain "
-                           "nn.Module has no adapter that says how to make that change")
+            return False, (f"changes the built-in GPT and does not apply to {adapter.family}: it has no adapter that "
+                           f"says how to make that change")
         return True, ""
 
     def validate(self, value: Any, owner: str = "RunConfig") -> Any:

@@ -7,7 +7,7 @@ import os
 import torch
 
 from ..data.pipeline import init_worker
-from .base import BuildContext, Tune
+from .base import BuildContext, Tune, no_loader
 from .counted import CountToggle
 
 PREFETCH_FACTOR = 2  # batches each worker prepares ahead (torch's default): 2 × workers batches in flight
@@ -21,7 +21,6 @@ class DataloaderNumWorkers(CountToggle):
     helps_when = "making a batch (reading, decoding, transforming) is a share of each step and cores are free"
     group = "data"
     phase = "data"
-    gpt_only = True  # the built-in corpus's DataLoader (a user's batch_fn is called in the training process)
     default = 2
     choices = (1, 2, 4, 8)  # offered in the Lab and `scalekit toggles`; any count works
     unit = "worker processes"
@@ -30,9 +29,7 @@ class DataloaderNumWorkers(CountToggle):
                  'and a copy-on-write view of the dataset), outside this plan')
 
     def changes_nothing(self, cfg) -> str | None:
-        if cfg.data == "synthetic":
-            return "dataloader_num_workers changes nothing for synthetic data: it is made on the device"
-        return None
+        return no_loader(cfg, self.name)
 
     def apply(self, ctx: BuildContext, workers: int) -> None:
         # the loader's sampler never ends, so the workers live for the whole run (what persistent_workers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune, needs_a_gpu
+from .base import BuildContext, Toggle, Tune, needs_a_gpu, no_loader
 
 
 class DataloaderPinMemory(Toggle):
@@ -13,16 +13,13 @@ class DataloaderPinMemory(Toggle):
     group = "data"
     phase = "data"
     tuning = (Tune(rank=110),)
-    gpt_only = True  # the built-in corpus's DataLoader
     plan_note = 'dataloader_pin_memory keeps a few batches in pinned host memory, not device memory'
 
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "pinned memory")
 
     def changes_nothing(self, cfg) -> str | None:
-        if cfg.data == "synthetic":
-            return "dataloader_pin_memory changes nothing for synthetic data: it is made on the device"
-        return None
+        return no_loader(cfg, self.name)
 
     def apply(self, ctx: BuildContext, value) -> None:
         # the DataLoader pins each batch in a thread of the training process, after the workers made it

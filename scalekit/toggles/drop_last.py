@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Toggle, no_loader
 
 
 class DropLast(Toggle):
@@ -14,10 +14,13 @@ class DropLast(Toggle):
     phase = "data"
     plan_note = "drop_last changes which samples an epoch sees, not a step's memory"
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.data == "synthetic":
+            return "drop_last has no effect on synthetic data (it has no epochs)"
+        return no_loader(cfg, self.name)
+
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.loader_kwargs["drop_last"] = True
-        if ctx.config.data == "synthetic":
-            ctx.notes.append("drop_last has no effect on synthetic data (it has no epochs)")
 
 
     def traced(self, value) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ToggleUnavailable
 from ..models.kv_cache import CACHE_KINDS
 from .base import BuildContext, Toggle, Tune
 
@@ -13,17 +14,26 @@ class KVCache(Toggle):
     helps_when = "generating more than a few tokens: without it step t re-reads all t tokens (quadratic in total)"
     group = "inference"
     kind = "both"
-    # a "model_config" toggle: it decides how the built-in GPT's attention runs in generation (the decode loop
-    # reads ctx.kv_cache to make the cache); compile, after it, wraps whichever forward that is
+    # a "model_config" toggle: it decides how the model's attention runs in generation (the decode loop reads
+    # ctx.kv_cache and asks the model's family for a cache of that kind); compile, after it, wraps whichever
+    # forward that is
     phase = "model_config"
     loops = ("generate",)
     choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)
-    gpt_only = True
     tuning = (Tune("dynamic", rank=20, loop="generate"), Tune("static", rank=30, loop="generate"))
     plan_note = "kv_cache applies to the evaluation's sample (eval_every), not to a training step"
 
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        # the built-in GPT's convention, gpt-fast's setup_caches, transformers' own caches: the family says
+        return adapter.kv_cache_support()
+
     def apply(self, ctx: BuildContext, value: str) -> None:
-        # the decode loop makes a fresh cache of this kind for each generation (models/kv_cache.py)
+        family = ctx.model_adapter  # None: the built-in GPT in a training run's evaluation
+        if family is not None:
+            ok, why = family.kv_cache_support(value)
+            if not ok:
+                raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
+        # the decode loop asks the family for a fresh cache of this kind for each generation
         ctx.kv_cache = value
 
 

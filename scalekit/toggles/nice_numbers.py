@@ -23,7 +23,7 @@ class NiceNumbers(Toggle):
     gpt_only = True  # the built-in GPT's vocabulary, or a model family's (Hugging Face: resize_token_embeddings)
 
     def applies_to(self, adapter) -> tuple[bool, str]:
-        return super().applies_to(adapter) if adapter is None else adapter.vocab_padding_support()
+        return adapter.vocab_padding_support()
 
     def apply(self, ctx: BuildContext, value) -> None:
         cfg = ctx.gpt_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune, needs_a_gpu
+from .base import BuildContext, Toggle, Tune, needs_a_gpu, no_loader
 
 
 class NonBlocking(Toggle):
@@ -13,16 +13,13 @@ class NonBlocking(Toggle):
     group = "data"
     phase = "data"
     tuning = (Tune(rank=120),)
-    gpt_only = True  # the built-in corpus's batches (a user's batch_fn makes its batches on the device)
     plan_note = 'non_blocking changes when the copy of a batch to the device runs, not its size'
 
     def available(self, hw) -> tuple[bool, str]:
         return needs_a_gpu(hw, "non_blocking")
 
     def changes_nothing(self, cfg) -> str | None:
-        if cfg.data == "synthetic":
-            return "non_blocking changes nothing for synthetic data: it is made on the device"
-        return None
+        return no_loader(cfg, self.name)
 
     def apply(self, ctx: BuildContext, value) -> None:
         # a blocking copy waits until it is done, so it also waits for every kernel queued before it; from

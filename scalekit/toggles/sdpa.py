@@ -17,7 +17,7 @@ class SDPA(Toggle):
     gpt_only = True  # the built-in GPT's switch, or a model family's (Hugging Face: attn_implementation)
 
     def applies_to(self, adapter) -> tuple[bool, str]:
-        return super().applies_to(adapter) if adapter is None else adapter.attention_support()
+        return adapter.attention_support()
 
     def apply(self, ctx: BuildContext, value) -> None:
         if ctx.gpt_config is not None:

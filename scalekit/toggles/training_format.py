@@ -13,12 +13,13 @@ class TrainingFormat(Toggle):
     group = "data"
     phase = "data"
     tuning = (Tune(rank=90),)
-    gpt_only = True  # the built-in corpus's pipeline
     plan_note = "training_format changes where the input pipeline reads its tokens, not a step's memory"
 
     def changes_nothing(self, cfg) -> str | None:
         if cfg.data != "shakespeare-raw":
-            why = "it already reads the training format" if cfg.data == "shakespeare" else "no raw text is read"
+            why = {"shakespeare": "it already reads the training format",
+                   "dataset": "your dataset reads its samples itself, in its own format (RunConfig.dataset)",
+                   "custom": "your batch_fn makes its batches itself"}.get(cfg.data, "no raw text is read")
             return f"training_format changes nothing for data={cfg.data!r}: {why}"
         return None
 

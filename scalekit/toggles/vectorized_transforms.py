@@ -13,11 +13,13 @@ class VectorizedTransforms(Toggle):
     group = "data"
     phase = "data"
     tuning = (Tune(rank=100),)
-    gpt_only = True  # the built-in corpus's pipeline
     plan_note = ('vectorized_transforms changes how the input pipeline transforms a batch (its temporaries are '
                  "the size of one batch), not a step's memory")
 
     def changes_nothing(self, cfg) -> str | None:
+        if cfg.data in ("dataset", "custom"):
+            return ("vectorized_transforms changes nothing for your own data: its per-sample transforms are your "
+                    "code (write them over the whole batch in a collate_fn for the same effect)")
         if cfg.data != "shakespeare-raw" or not cfg.transform_rounds:
             return ("vectorized_transforms changes nothing here: this data has no per-sample transform "
                     "(data='shakespeare-raw' with transform_rounds > 0 has one)")

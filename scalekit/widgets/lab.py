@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 from ..config import RunConfig
 from ..engine import run
 from ..errors import ConfigError
-from ..families import model_adapter
+from ..families import toggle_family
 from ..figures import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..measure.results import RunResult, StepRecord
 from ..toggles import ORDER, TOGGLES, needs_process_group
@@ -97,7 +97,7 @@ class Lab(Runner):
         """The toggle panel and the run's sizes."""
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
         self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True,
-                                 adapter=model_adapter(self.base_config.model),  # what a Hugging Face model can change
+                                 adapter=toggle_family(self.base_config.model) if self.base_config.custom_model else None,
                                  toggles=training_toggles(self.base_config))
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on

@@ -1,0 +1,117 @@
+"""What applies to my model: every toggle × {training, generation}, with the one-line reason.
+
+    scalekit.applicable(causal_lm("llama"))          # or a model, a RunConfig, a GenerateConfig, a preset name
+    print(scalekit.applicable(my_model))             # the printable form; .frame is the DataFrame
+
+The answer is built from what the toggles declare, never from a model's name: the loops a toggle acts in
+(`loops`), whether the model's family can take the change (`applies_to`, and the family's KV cache for
+kv_cache), whether it would change nothing for this configuration (`changes_nothing`: data toggles on
+batches a batch_fn makes), and whether this machine can run it (`available`; asked again of a CUDA GPU, so
+that a toggle that needs one says "applies here only on a GPU").  The Lab's panel shows the same reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .config import RunConfig
+from .families import generation_family, is_hf_source, model_adapter, toggle_family
+from .hardware import Hardware, detect
+from .hf.model import HFCausalLM, is_hf_config
+from .inference.config import GenerateConfig
+from .models import PRESETS
+from .models.gpt import GPT
+from .toggles import LOOP_WORDS, LOOPS, ORDER, Toggle
+
+APPLIES, GPU_ONLY, UNAVAILABLE, DOES_NOT = "applies", "applies here only on a GPU", "unavailable here", "does not apply"
+
+
+def reference_gpu(hw: Hardware) -> Hardware:
+    """A CUDA GPU with bf16 and TF32 (Ampere or newer), asked what a toggle would need there."""
+    return dataclasses.replace(hw, device_type="cuda", device_index=0, device_name="a CUDA GPU", capability=(9, 0),
+                               bf16_supported=True, tf32_supported=True)
+
+
+class Applicability:
+    """The table: `frame` (a pandas DataFrame: toggle, loop, status, reason) and a printable form."""
+
+    def __init__(self, rows: list[dict], family: str):
+        import pandas as pd
+
+        self.family = family
+        self.frame = pd.DataFrame(rows, columns=["toggle", "loop", "status", "reason"])
+
+    def status(self, toggle: str, loop: str) -> tuple[str, str]:
+        row = self.frame[(self.frame.toggle == toggle) & (self.frame.loop == loop)].iloc[0]
+        return row.status, row.reason
+
+    def __str__(self) -> str:
+        lines = [f"what applies to {self.family}:"]
+        for row in self.frame.itertuples():
+            why = f" — {row.reason}" if row.reason else ""
+            lines.append(f"  {row.toggle:22} {row.loop:9} {row.status}{why}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return f"<p>what applies to {self.family}:</p>" + self.frame.to_html(index=False)
+
+
+def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware | None = None) -> Applicability:
+    """Every toggle × {train, generate}: applies / applies here only on a GPU / unavailable here / does not
+    apply, with the reason.  `model_or_config`: a model (an nn.Module, a Hugging Face model, config or
+    causal_lm(...)), a RunConfig, a GenerateConfig, a preset name, or None (the built-in GPT)."""
+    hw = hw or detect(device)
+    train_cfg, gen_cfg, model = _configs(model_or_config)
+    custom = model is not None and not isinstance(model, (str, GPT))
+    families = {"train": toggle_family(model) if custom else None,
+                "generate": generation_family(model) if custom else None}
+    rows = [dict(toggle=t.name, loop=loop, **_verdict(t, loop, families[loop], train_cfg, gen_cfg, hw))
+            for t in ORDER for loop in LOOPS]
+    family = families["generate"].family if custom else "the built-in GPT"
+    return Applicability(rows, family)
+
+
+def _configs(source: Any) -> tuple[RunConfig | None, GenerateConfig | None, Any]:
+    """The training config the data toggles are asked about, the generation config, and the model."""
+    if isinstance(source, RunConfig):
+        return source, None, source.model
+    if isinstance(source, GenerateConfig):
+        return None, source, source.model
+    if source is None or isinstance(source, (str, GPT)):
+        return RunConfig(preset=source if source in PRESETS else "auto"), None, source
+    if is_hf_source(source) or model_adapter(source) is not None:
+        return RunConfig(model=source if not is_hf_config(source) else HFCausalLM(source)), None, source
+    # a model of your own, fed by a batch_fn (RunConfig.dataset is what the data toggles would act on)
+    return RunConfig(model=source, batch_fn=_unused, loss_fn=_unused), None, source
+
+
+def _unused(*args):
+    raise AssertionError("applicable() builds no run")
+
+
+def _verdict(t: Toggle, loop: str, family, train_cfg, gen_cfg, hw) -> dict:
+    if loop not in t.loops:
+        where = " and ".join(LOOP_WORDS[x] for x in t.loops)
+        return dict(status=DOES_NOT, reason=f"acts in {where}, not in {LOOP_WORDS[loop]}")
+    if family is not None:
+        ok, why = t.applies_to(family)
+        if ok and t.name == "kv_cache" and loop == "generate":
+            ok, why = family.kv_cache_support()
+        if not ok:
+            return dict(status=DOES_NOT, reason=f"{t.name} {why}")
+    if loop == "train" and train_cfg is not None:
+        nothing = t.changes_nothing(train_cfg.resolve(hw))
+        if nothing:
+            return dict(status=DOES_NOT, reason=nothing)
+    ok, why = t.available(hw)
+    if ok:
+        return dict(status=APPLIES, reason="")
+    if hw.device_type != "cuda" and t.available(reference_gpu(hw))[0]:
+        return dict(status=GPU_ONLY, reason=why)
+    return dict(status=UNAVAILABLE, reason=why)
+
+
+__all__ = ["applicable", "Applicability", "APPLIES", "GPU_ONLY", "UNAVAILABLE", "DOES_NOT"]

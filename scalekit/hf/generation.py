@@ -1,0 +1,68 @@
+"""Generation on Hugging Face causal LMs the Transformers way: its own cache classes, positions and masks.
+
+A decode step is the model's forward with a `DynamicCache` (grown by concatenation) or a `StaticCache`
+(preallocated, written in place: transformers' compile path), the absolute positions of the new tokens as
+`position_ids` (and `cache_position` where the installed transformers still takes it), and, for prompts
+of different lengths, a 2-D `attention_mask` that is 0 on each row's left padding.  Logits come out of the
+`ModelOutput` (`.logits`); the prefill asks for the last position's only (`logits_to_keep=1`), as
+`generate()` does.  Nothing here names a model family: what a class supports is read from the class.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(cls: type) -> frozenset:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
+def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
+    """Whether transformers keeps a KV cache of `kind` for models of `cls`, and why not."""
+    if getattr(cls, "_is_stateful", False):
+        return False, f"needs a KV cache, and {cls.__name__} keeps a recurrent state instead"
+    if kind == "static" and not getattr(cls, "_can_compile_fullgraph", False):
+        return False, f"='static' needs transformers' StaticCache, which {cls.__name__} does not support"
+    return True, ""
+
+
+def new_cache(model, kind: str, max_len: int):
+    """A fresh transformers cache: DynamicCache, or a StaticCache of `max_len` positions."""
+    import transformers
+
+    if kind == "static":
+        return transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    return transformers.DynamicCache(config=model.config)
+
+
+def cache_bytes(cache: Any) -> int:
+    tensors = [t for layer in getattr(cache, "layers", ()) for t in (getattr(layer, "keys", None),
+                                                                       getattr(layer, "values", None))]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def logits(model, ids: torch.Tensor, cache=None, input_pos=None, pad=None, last_only: bool = False):
+    """(B, T or 1, vocab) logits of `ids` at positions `input_pos` (None: 0..T-1), through the model's cache."""
+    params = _forward_parameters(type(model._orig_mod if hasattr(model, "_orig_mod") else model))
+    T = ids.shape[1]
+    pos = input_pos if input_pos is not None else torch.arange(T, device=ids.device)
+    kwargs: dict[str, Any] = {"use_cache": cache is not None}
+    if cache is not None:
+        kwargs["cache" if "cache" in params else "past_key_values"] = cache
+    if "cache_position" in params:
+        kwargs["cache_position"] = pos
+    if pad is None:
+        kwargs["position_ids"] = pos[None]
+    else:  # each row's positions count from its first real token; its padding is never attended to
+        kwargs["position_ids"] = (pos[None, :] - pad[:, None]).clamp_min(0)
+        length = T if cache is None else int(pos[-1]) + 1  # keys so far, these included
+        keys = torch.arange(length, device=ids.device)
+        kwargs["attention_mask"] = (keys[None, :] >= pad[:, None]).long()
+    if last_only and "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1
+    return model(input_ids=ids, **kwargs).logits

@@ -1,0 +1,144 @@
+"""Models of your own in generation: the two written-down conventions scalekit keeps a KV cache for.
+
+- scalekit's (the built-in GPT's): `forward(idx, cache=..., input_pos=...)`, and optionally `pad=...` for
+  left-padded prompts of different lengths.  scalekit makes the cache (models/kv_cache.py, dynamic or
+  static) and passes it in; layer i calls `cache.layers[i].update(k, v, input_pos)`.
+- gpt-fast's and Llama 3's reference code's: `setup_caches(max_batch_size, max_seq_length)` allocates a
+  static cache inside each attention layer, and `forward(idx, input_pos)` writes the new keys and values at
+  `input_pos` and attends over the cache.  Such a model has no forward without its cache: without the
+  kv_cache toggle, every step runs the whole sequence again at positions 0..T-1 (the same work as no cache).
+
+Anything else is a plain language model: forward(idx) -> logits, and no cache (the kv_cache toggle says
+which conventions would give it one).  The family is read from the model's class, never from its name.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from .blocks import block_list
+from .family import CACHE_CONVENTIONS, ModelAdapter, logits_of
+from .kv_cache import CACHE_KINDS, make_cache
+
+
+class OwnModel(ModelAdapter):
+    """A model of your own (an nn.Module, or a function building one): forward(idx) -> logits, no cache."""
+
+    def __init__(self, source: Any, cls: type | None = None):
+        self.source = source
+        self.cls = cls or (type(source) if isinstance(source, torch.nn.Module) else None)
+
+    @property
+    def family(self) -> str:
+        return f"your model ({self.cls.__name__})" if self.cls is not None else "your model"
+
+    def build(self) -> torch.nn.Module:
+        model = copy.deepcopy(self.source) if isinstance(self.source, torch.nn.Module) else self.source()
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"GenerateConfig.model() returned {type(model).__name__}, not an nn.Module")
+        return model
+
+    def _config_value(self, *names: str) -> int | None:
+        """A size read from the model's `config` (as nanoGPT-style and gpt-fast-style models keep one)."""
+        config = getattr(self.source, "config", None)
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    @property
+    def context_len(self) -> int | None:
+        return self._config_value("block_size", "max_seq_len", "max_position_embeddings")
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._config_value("vocab_size")
+
+
+class ScalekitCacheLM(OwnModel):
+    """The built-in GPT's convention: forward(idx, cache=..., input_pos=..., [pad=...]); scalekit makes the cache."""
+
+    @property
+    def family(self) -> str:
+        return "the built-in GPT" if self.source is None else super().family
+
+    def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
+        return True, ""
+
+    def new_cache(self, model, kind, batch, max_len, device):
+        return make_cache(kind, len(block_list(model)), max_len, device)
+
+    def pads_prompts(self) -> bool:
+        return self.cls is None or "pad" in inspect.signature(self.cls.forward).parameters
+
+    def logits(self, model, ids, cache=None, input_pos=None, pad=None, last_only=False):
+        kwargs = {} if cache is None else {"cache": cache, "input_pos": input_pos}
+        if pad is not None:
+            kwargs["pad"] = pad
+        return logits_of(model(ids, **kwargs))
+
+
+class ModelCache:
+    """A handle on the cache a gpt-fast-style model keeps in its own buffers (setup_caches)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for name, b in self.model.named_buffers()
+                   if "cache" in name.rsplit(".", 1)[-1])
+
+
+class SetupCachesLM(OwnModel):
+    """gpt-fast's / Llama 3 reference code's convention: setup_caches(max_batch_size, max_seq_length), then
+    forward(idx, input_pos) over the model's own static cache."""
+
+    def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
+        if kind in (None, "static"):
+            return True, ""
+        return False, (f"={kind!r}: {self.family} keeps the static cache setup_caches allocates inside it; "
+                       f"use kv_cache='static'")
+
+    def prepare(self, model, batch, max_len):
+        model.setup_caches(max_batch_size=batch, max_seq_length=max_len)
+
+    def new_cache(self, model, kind, batch, max_len, device):
+        return ModelCache(model)
+
+    def logits(self, model, ids, cache=None, input_pos=None, pad=None, last_only=False):
+        if cache is None:  # no forward without the cache: the whole sequence again, at positions 0..T-1
+            input_pos = torch.arange(ids.shape[1], device=ids.device)
+        return logits_of(model(ids, input_pos))
+
+
+def module_family(source: Any) -> OwnModel:
+    """The convention a model of your own follows (read from its class), as its generation family."""
+    cls = type(source) if isinstance(source, torch.nn.Module) else _built_class(source)
+    if cls is None:
+        return OwnModel(source)
+    if callable(getattr(cls, "setup_caches", None)):
+        return SetupCachesLM(source, cls)
+    params = inspect.signature(cls.forward).parameters
+    if "cache" in params and "input_pos" in params:
+        return ScalekitCacheLM(source, cls)
+    return OwnModel(source, cls)
+
+
+def _built_class(factory) -> type | None:
+    """The class a function builds, read by building it once on the meta device (no memory, no init)."""
+    try:
+        with torch.device("meta"):
+            return type(factory())
+    except Exception:  # a factory that cannot run on meta tensors: its convention is found when it is built
+        return None
+
+
+BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)
+__all__ = ["BUILTIN", "CACHE_CONVENTIONS", "CACHE_KINDS", "ModelCache", "OwnModel", "ScalekitCacheLM",
+           "SetupCachesLM", "module_family"]
