@@ -52,13 +52,34 @@ class OwnModel(ModelAdapter):
                 return value
         return None
 
+    def logits(self, model, ids, cache=None, input_pos=None, pad=None, last_only=False):
+        return self.forward(model, ids)
+
+    def forward(self, model, ids, *args, **kwargs) -> torch.Tensor:
+        """The model's logits for token ids, or a one-line refusal naming the family when it is not a language
+        model (a ConvNet's forward does not take (B, T) token ids)."""
+        try:
+            return logits_of(model(ids, *args, **kwargs))
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            raise ConfigError(f"{self.family} cannot generate: its forward, given token ids (batch, length), raised "
+                              f"{type(exc).__name__}: {first}; generation needs a language model whose forward "
+                              f"returns logits (batch, length, vocab)") from exc
+
     @property
     def context_len(self) -> int | None:
         return self._config_value("block_size", "max_seq_len", "max_position_embeddings")
 
     @property
     def vocab_size(self) -> int | None:
-        return self._config_value("vocab_size")
+        """config.vocab_size, else the rows of the model's first embedding (its token table), else None."""
+        size = self._config_value("vocab_size")
+        if size is None and isinstance(self.source, torch.nn.Module):
+            table = next((m for m in self.source.modules() if isinstance(m, torch.nn.Embedding)), None)
+            size = None if table is None else table.num_embeddings
+        return size
 
 
 class ScalekitCacheLM(OwnModel):
@@ -81,7 +102,7 @@ class ScalekitCacheLM(OwnModel):
         kwargs = {} if cache is None else {"cache": cache, "input_pos": input_pos}
         if pad is not None:
             kwargs["pad"] = pad
-        return logits_of(model(ids, **kwargs))
+        return self.forward(model, ids, **kwargs)
 
 
 class ModelCache:
@@ -114,7 +135,7 @@ class SetupCachesLM(OwnModel):
     def logits(self, model, ids, cache=None, input_pos=None, pad=None, last_only=False):
         if cache is None:  # no forward without the cache: the whole sequence again, at positions 0..T-1
             input_pos = torch.arange(ids.shape[1], device=ids.device)
-        return logits_of(model(ids, input_pos))
+        return self.forward(model, ids, input_pos)
 
 
 def module_family(source: Any) -> OwnModel:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import ConfigError
 from ..optional import quiet_import
-from .blocks import find_blocks
+from .blocks import block_linears, find_blocks, is_conv1d
 
 # method -> (library it needs, what it does, in a line)
 METHODS: dict[str, tuple[str, str]] = {
@@ -81,6 +82,50 @@ def _installed(library: str) -> bool:
         return importlib.util.find_spec(library) is not None
     except (ImportError, ValueError):  # a module set to None in sys.modules (blocked), or a broken install
         return False
+
+
+def as_linear(conv1d: torch.nn.Module) -> torch.nn.Linear:
+    """transformers' Conv1D (GPT-2's projections: y = x·W + b, W stored (in, out)) as the nn.Linear that computes
+    the same (its weight W transposed), so every quantization library, which takes nn.Linear, can take it."""
+    weight = conv1d.weight.detach()
+    linear = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=conv1d.bias is not None, device="meta")
+    linear.weight = torch.nn.Parameter(weight.t().contiguous(), requires_grad=conv1d.weight.requires_grad)
+    if conv1d.bias is not None:
+        linear.bias = torch.nn.Parameter(conv1d.bias.detach().clone(), requires_grad=conv1d.bias.requires_grad)
+    return linear
+
+
+def linearize_conv1d(model: torch.nn.Module) -> int:
+    """Replace every Conv1D inside the model's blocks by its nn.Linear (as_linear); the number replaced."""
+    names = block_linears(model, conv1d=True)
+    swapped = 0
+    for name in names:
+        module = model.get_submodule(name)
+        if is_conv1d(module):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, as_linear(module))
+            swapped += 1
+    return swapped
+
+
+# method -> (values per group, what is grouped): a weight whose shape does not divide is refused, naming it
+GROUPED = {"hqq-8bit": (64, "values"), "hqq-4bit": (64, "values"), "hqq-2bit": (64, "values"),
+           "torchao-int4": (32, "input features")}
+
+
+def shape_problem(model: torch.nn.Module, method: str) -> str | None:
+    """Why `method` cannot quantize one of the model's target linears (None: every one fits), in one line."""
+    if method not in GROUPED:
+        return None
+    group, what = GROUPED[method]
+    names = {id(m): n for n, m in model.named_modules()}
+    for _, _, linear in target_linears(model):
+        out_f, in_f = linear.weight.shape
+        size = in_f if what == "input features" else out_f * in_f
+        if size % group:
+            return (f"quantize={method!r}: layer {names.get(id(linear), '?')} ({out_f}×{in_f} weight) does not fit: "
+                    f"{METHODS[method][0]} quantizes groups of {group} {what}, and {size} is not a multiple of {group}")
+    return None
 
 
 def target_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
@@ -167,7 +212,12 @@ def torch_dynamic_int8(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> t
 
 
 def quantize_model(model: torch.nn.Module, method: str, compute_dtype: torch.dtype, device_type: str) -> int:
-    """Quantize `model`'s target linears in place with `method`; the number of layers quantized."""
+    """Quantize `model`'s target linears in place with `method`; the number of layers quantized.  Conv1D layers
+    become their nn.Linear first; a layer whose shape the method's groups do not divide is refused (ConfigError)."""
+    linearize_conv1d(model)
+    problem = shape_problem(model, method)
+    if problem:
+        raise ConfigError(problem)
     if method.startswith("torchao-"):
         return torchao_quantize(model, method, device_type)
     makers = {

@@ -7,8 +7,9 @@ import warnings
 
 import torch
 
+from ..models.blocks import is_conv1d
 from ..models.lora import adapter_targets
-from ..models.quantization import bnb_linear
+from ..models.quantization import as_linear, bnb_linear
 from .base import BuildContext, Toggle
 
 MODES = ("nf4", "fp4", "int8")
@@ -20,6 +21,8 @@ def quantize_targets(ctx: BuildContext, mode: str) -> int:
     replaced = 0
     for name in adapter_targets(model, ctx.config.adapter_targets):
         old = model.get_submodule(name)
+        if is_conv1d(old):  # GPT-2's Conv1D stores its weight (in, out): bitsandbytes takes the nn.Linear form
+            old = as_linear(old)
         parent, _, attr = name.rpartition(".")
         # LLM.int8()'s outlier split off (threshold 0) for a base trained through: every column quantized
         setattr(model.get_submodule(parent) if parent else model, attr,
