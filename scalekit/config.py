@@ -248,13 +248,17 @@ class RunConfig:
 
     # -- Hugging Face TrainingArguments (scalekit.hf.arguments holds the table of what maps to what) ------------
     @classmethod
-    def from_training_arguments(cls, args: Any, world_size: int | None = None, **fields) -> RunConfig:
+    def from_training_arguments(cls, args: Any, world_size: int | None = None, train_dataset: Any = None,
+                                **fields) -> RunConfig:
         """A RunConfig from a transformers TrainingArguments (or the dict of its keyword arguments): batch, accumulation,
         checkpointing, precision, optimizer, data-loader, empty_cache and compile settings, lr and seed.  Every field
         it does not map is listed in `notes`.  `world_size`: the processes the Trainer runs in (default: the
-        arguments' own world_size, 1 for a dict); `fields` set the rest (model=..., steps=...)."""
+        arguments' own world_size, 1 for a dict); `train_dataset`: the Trainer's, read through the DataLoader the
+        data-loader fields configure (RunConfig.dataset); `fields` set the rest (model=..., steps=...)."""
         from .hf.arguments import run_config_fields
 
+        if train_dataset is not None:
+            fields["dataset"] = train_dataset
         mapped, notes = run_config_fields(args, world_size)
         notes = tuple(fields.pop("notes", ())) + tuple(notes)
         return cls(**{**mapped, **fields}, notes=notes)

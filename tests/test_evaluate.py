@@ -3,6 +3,8 @@ toggles, apart from the steps' times, and reports the share of the wall time it 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -68,3 +70,14 @@ def test_a_sample_needs_the_built_in_gpt_on_the_corpus():
         run(tiny(data="synthetic", eval_every=2, eval_new_tokens=4), hw=CPU)
     with pytest.raises(ConfigError, match="eval_new_tokens must be at most"):
         run(tiny(eval_every=2, eval_new_tokens=1000), hw=CPU)
+
+
+def test_a_hugging_face_model_is_evaluated_with_its_own_batches_and_writes_a_sample():
+    pytest.importorskip("transformers")
+    from scalekit.hf import causal_lm
+
+    r = run(RunConfig(model=causal_lm("llama"), eval_every=2, eval_new_tokens=6, steps=4, warmup_steps=0,
+                      device="cpu", measure_memory=False, toggles=["inference_mode", "kv_cache"]), hw=CPU)
+    assert r.status == "ok", r.error
+    assert [e["step"] for e in r.evals] == [1, 3] and all(math.isfinite(e["loss"]) for e in r.evals)
+    assert len(r.evals[0]["text"]) == 6 and r.eval_share is not None

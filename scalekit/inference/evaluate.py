@@ -68,15 +68,16 @@ class Evaluator:
 
     @staticmethod
     def _sample_prompt(ctx: BuildContext, cfg) -> torch.Tensor:
-        if cfg.custom_model or cfg.data != "shakespeare":
-            raise ConfigError("RunConfig.eval_new_tokens: a sample during training is written by the built-in GPT "
-                              "on the shipped corpus (data='shakespeare'); set it to 0 for this run")
+        if (cfg.custom_model and ctx.model_adapter is None) or cfg.data != "shakespeare":
+            raise ConfigError("RunConfig.eval_new_tokens: a sample during training is written on the shipped corpus "
+                              "(data='shakespeare') by the built-in GPT or a Hugging Face model; set it to 0 for this run")
         if ctx.world_size > 1:
             raise ConfigError("RunConfig.eval_new_tokens: the sample is written in one process; with ranks, set it "
                               "to 0 (the held-out loss is still measured)")
-        if SAMPLE_PROMPT_TOKENS + cfg.eval_new_tokens > ctx.gpt_config.block_size:
-            raise ConfigError(f"RunConfig.eval_new_tokens must be at most "
-                              f"{ctx.gpt_config.block_size - SAMPLE_PROMPT_TOKENS} for this model's context")
+        context = ctx.gpt_config.block_size if ctx.gpt_config is not None else ctx.model_adapter.context_len
+        if context and SAMPLE_PROMPT_TOKENS + cfg.eval_new_tokens > context:
+            raise ConfigError(f"RunConfig.eval_new_tokens must be at most {context - SAMPLE_PROMPT_TOKENS} for this "
+                              f"model's context")
         ids = np.asarray(load_tokens("val")[:SAMPLE_PROMPT_TOKENS]).astype(np.int64)
         return torch.from_numpy(ids)[None].to(ctx.device)
 
