@@ -25,8 +25,9 @@ def adapter_targets(model: torch.nn.Module, names=None) -> list[str]:
     targets = block_linears(model, names, conv1d=True)
     if not targets:
         what = f"named {list(names)}" if names else "at all"
-        raise ToggleUnavailable(f"adapters need linear layers inside the model's repeated blocks, and there are "
-                                f"none {what}; RunConfig.adapter_targets names the layers to use")
+        raise ToggleUnavailable(f"adapters need linear layers inside the model's repeated blocks, and "
+                                f"{type(model).__name__}'s blocks have none {what}; RunConfig.adapter_targets names "
+                                f"the layers to use")
     return targets
 
 
