@@ -68,7 +68,8 @@ def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware |
     custom = model is not None and not isinstance(model, (str, GPT))
     families = {"train": toggle_family(model) if custom else None,
                 "generate": generation_family(model) if custom else None}
-    rows = [dict(toggle=t.name, loop=loop, **_verdict(t, loop, families[loop], train_cfg, gen_cfg, hw))
+    rows = [dict(toggle=t.name, loop=loop, **dict(zip(("status", "reason"), verdict(t, loop, families[loop],
+                                                                                       train_cfg, hw), strict=True)))
             for t in ORDER for loop in LOOPS]
     family = families["generate"].family if custom else "the built-in GPT"
     return Applicability(rows, family)
@@ -92,26 +93,30 @@ def _unused(*args):
     raise AssertionError("applicable() builds no run")
 
 
-def _verdict(t: Toggle, loop: str, family, train_cfg, gen_cfg, hw) -> dict:
+def verdict(t: Toggle, loop: str, family, train_cfg: RunConfig | None, hw: Hardware,
+            launches: bool = False) -> tuple[str, str]:
+    """(status, reason) of toggle `t` in `loop` for a model of `family` (None: the built-in GPT), the training
+    config `train_cfg` (its data decides what the data toggles act on; None: not asked) on `hw`.  launches:
+    the asker starts the processes a toggle like ddp needs (the Lab), so it is asked as a rank would be."""
     if loop not in t.loops:
         where = " and ".join(LOOP_WORDS[x] for x in t.loops)
-        return dict(status=DOES_NOT, reason=f"acts in {where}, not in {LOOP_WORDS[loop]}")
+        return DOES_NOT, f"acts in {where}, not in {LOOP_WORDS[loop]}"
     if family is not None:
         ok, why = t.applies_to(family)
         if ok and t.name == "kv_cache" and loop == "generate":
             ok, why = family.kv_cache_support()
         if not ok:
-            return dict(status=DOES_NOT, reason=f"{t.name} {why}")
+            return DOES_NOT, f"{t.name} {why}"
     if loop == "train" and train_cfg is not None:
         nothing = t.changes_nothing(train_cfg.resolve(hw))
         if nothing:
-            return dict(status=DOES_NOT, reason=nothing)
-    ok, why = t.available(hw)
+            return DOES_NOT, nothing
+    ok, why = t.available_in_ranks(hw) if launches and t.needs_process_group else t.available(hw)
     if ok:
-        return dict(status=APPLIES, reason="")
+        return APPLIES, ""
     if hw.device_type != "cuda" and t.available(reference_gpu(hw))[0]:
-        return dict(status=GPU_ONLY, reason=why)
-    return dict(status=UNAVAILABLE, reason=why)
+        return GPU_ONLY, why
+    return UNAVAILABLE, why
 
 
-__all__ = ["applicable", "Applicability", "APPLIES", "GPU_ONLY", "UNAVAILABLE", "DOES_NOT"]
+__all__ = ["applicable", "verdict", "Applicability", "APPLIES", "GPU_ONLY", "UNAVAILABLE", "DOES_NOT"]

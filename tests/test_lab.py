@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
 import subprocess
@@ -111,12 +112,20 @@ def test_unavailable_toggle_is_disabled_and_says_why(cpu):
     assert "bf16 unavailable" in lab.controls["precision"].note.value
 
 
-def test_own_model_disables_gpt_only_toggles(cpu):
+def test_own_model_disables_the_toggles_that_do_not_apply_with_applicables_reasons(cpu):
+    from scalekit import applicable
+
     lab = Lab(device="cpu", hw=cpu, **Counting().kwargs())
+    table = applicable(lab.base_config, hw=cpu)
     for toggle in ORDER:
-        if toggle.gpt_only and "train" in toggle.loops:
-            assert lab.controls[toggle.name].widget.disabled
-            assert "built-in GPT" in lab.controls[toggle.name].note.value
+        if "train" not in toggle.loops or toggle.name not in lab.controls:
+            continue
+        status, reason = table.status(toggle.name, "train")
+        control = lab.controls[toggle.name]
+        if status == "does not apply":  # the panel says what scalekit.applicable says, word for word
+            assert control.widget.disabled and html.escape(reason) in control.note.value, toggle.name
+    assert "needs an attention switch, which your model (Linear) does not have" in lab.controls["sdpa"].note.value
+    assert "batches your batch_fn makes" in lab.controls["dataloader_num_workers"].note.value
 
 
 def test_toggles_with_modes_get_dropdowns_built_generically(cpu):

@@ -21,6 +21,7 @@ import threading
 import ipywidgets as w
 
 from ..inference import GenerateConfig, GenerateResult, TokenRecord, generate
+from ..inference.config import fitting_new_tokens
 from ..toggles import ORDER
 from .generate_plots import GenerationPlots
 from .generate_table import results_frame, results_html
@@ -38,8 +39,10 @@ class GenerateLab(Runner):
     _frame = staticmethod(results_frame)
     _html = staticmethod(results_html)
 
-    def __init__(self, model="shakespeare-char", *, prompts="ROMEO:", max_new_tokens: int = 200,
+    def __init__(self, model="shakespeare-char", *, prompts="ROMEO:", max_new_tokens: int | None = None,
                  device: str = "auto", updates_per_s: float = 4.0, hw=None, **config):
+        if max_new_tokens is None:  # 200, cut to what the model's context leaves after the prompt
+            max_new_tokens = fitting_new_tokens(model, prompts, tokenizer=config.get("tokenizer"))
         self.base_config = GenerateConfig(model=model, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
                                           **config)
         super().__init__(hw, device, updates_per_s)  # Run/Stop, status, messages, the table, save buttons
@@ -52,7 +55,7 @@ class GenerateLab(Runner):
 
     def _make_widgets(self) -> None:
         cfg = self.base_config
-        self.panel = TogglePanel(self.hw, custom_model=cfg.custom_model,
+        self.panel = TogglePanel(self.hw, custom_model=cfg.custom_model, adapter=cfg.family(), loop="generate",
                                  toggles=tuple(t for t in ORDER if "generate" in t.loops))
         self.controls = self.panel.controls
         self.panel.preselect(cfg.toggles)

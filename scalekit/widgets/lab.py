@@ -98,7 +98,9 @@ class Lab(Runner):
         # toggles that need several processes (ddp, fsdp) run in ranks the Lab launches
         self.panel = TogglePanel(self.hw, custom_model=self.base_config.custom_model, launches=True,
                                  adapter=toggle_family(self.base_config.model) if self.base_config.custom_model else None,
-                                 toggles=training_toggles(self.base_config))
+                                 toggles=training_toggles(self.base_config),
+                                 # your model's data is fixed (batch_fn, dataset): what the data toggles act on
+                                 config=self.base_config if self.base_config.custom_model else None)
         self.controls = self.panel.controls
         self.panel.preselect(self.base_config.toggles)  # Lab(toggles=...) starts with those switched on
         self.steps = w.BoundedIntText(value=steps, min=1, max=10**7, description="steps",

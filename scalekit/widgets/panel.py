@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..applicable import APPLIES, verdict
 from ..errors import ConfigError, ToggleUnavailable
 from ..toggles import ORDER, Toggle
 
@@ -74,17 +75,16 @@ def control_sets(toggles: Sequence[Toggle], exclusive) -> list[list[Toggle]]:
     return sets
 
 
-def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False, adapter=None) -> str:
-    """Why `toggle` cannot be switched on here ("" if it can).  With `launches`, the panel's owner starts
-    the processes a toggle like ddp needs, so it is asked as a rank of such a launch would be.  `adapter`:
-    the model family's adapter of a custom model (Hugging Face), which says what it can change."""
-    if custom_model:
-        ok, why = toggle.applies_to(adapter)
-        if not ok:
-            return why
-    needs_ranks = launches and toggle.needs_process_group
-    ok, why = toggle.available_in_ranks(hw) if needs_ranks else toggle.available(hw)
-    return "" if ok else (why or "unavailable on this machine")
+def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False, adapter=None,
+                       loop: str = "train", config=None) -> str:
+    """Why `toggle` cannot be switched on here ("" if it can): the reason scalekit.applicable gives.  With
+    `launches`, the panel's owner starts the processes a toggle like ddp needs, so it is asked as a rank of
+    such a launch would be.  `adapter`: the model's family (what it can change); `config`: the run's config,
+    whose data decides what the data toggles act on."""
+    if loop not in toggle.loops:  # a generation toggle in a training Lab acts on its evaluation (eval_every)
+        loop = toggle.loops[0]
+    status, why = verdict(toggle, loop, adapter if custom_model else None, config, hw, launches)
+    return "" if status == APPLIES else (why or "unavailable on this machine")
 
 
 def _checkbox(t: Toggle, reason: str):
@@ -147,7 +147,7 @@ class TogglePanel:
     """The controls, grouped, and what they select."""
 
     def __init__(self, hw, custom_model: bool = False, toggles: Sequence[Toggle] = ORDER, exclusive=None,
-                 launches: bool = False, adapter=None):
+                 launches: bool = False, adapter=None, loop: str = "train", config=None):
         self.controls: dict[str, ToggleControl] = {}
         # the pairs that cannot be on together, as the toggles shown declare them (Toggle.excludes)
         self.exclusive = exclusive if exclusive is not None else \
@@ -157,7 +157,7 @@ class TogglePanel:
         for members in control_sets(toggles, self.exclusive):
             t = members[0]
             reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches,
-                                                                                   adapter))}
+                                                                                   adapter, loop, config))}
             if len(members) > 1:
                 # named after its group unless that name is taken (by a toggle, or another set in the group)
                 key = t.group if t.group and t.group not in names and t.group not in self.controls \
