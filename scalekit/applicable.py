@@ -4,8 +4,8 @@
     print(scalekit.applicable(my_model))             # the printable form; .frame is the DataFrame
 
 The answer is built from what the toggles declare, never from a model's name: the loops a toggle acts in
-(`loops`), whether the model's family can take the change (`applies_to`, and the family's KV cache for
-kv_cache), whether it would change nothing for this configuration (`changes_nothing`: data toggles on
+(`loops`), whether the model's family can take the change (`applies_to`: the family's KV cache for
+kv_cache, with each kind it keeps), whether it would change nothing for this configuration (`changes_nothing`: data toggles on
 batches a batch_fn makes), and whether this machine can run it (`available`; asked again of a CUDA GPU, so
 that a toggle that needs one says "applies here only on a GPU").  The Lab's panel shows the same reasons.
 """
@@ -65,6 +65,7 @@ def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware |
     causal_lm(...)), a RunConfig, a GenerateConfig, a preset name, or None (the built-in GPT)."""
     hw = hw or detect(device)
     train_cfg, gen_cfg, model = _configs(model_or_config)
+    train_cfg = train_cfg.resolve(hw) if train_cfg is not None else None  # once: the data toggles read its data
     custom = model is not None and not isinstance(model, (str, GPT))
     families = {"train": toggle_family(model) if custom else None,
                 "generate": generation_family(model) if custom else None}
@@ -95,20 +96,18 @@ def _unused(*args):
 
 def verdict(t: Toggle, loop: str, family, train_cfg: RunConfig | None, hw: Hardware,
             launches: bool = False) -> tuple[str, str]:
-    """(status, reason) of toggle `t` in `loop` for a model of `family` (None: the built-in GPT), the training
-    config `train_cfg` (its data decides what the data toggles act on; None: not asked) on `hw`.  launches:
+    """(status, reason) of toggle `t` in `loop` for a model of `family` (None: the built-in GPT), the resolved
+    training config `train_cfg` (its data decides what the data toggles act on; None: not asked) on `hw`.  launches:
     the asker starts the processes a toggle like ddp needs (the Lab), so it is asked as a rank would be."""
     if loop not in t.loops:
         where = " and ".join(LOOP_WORDS[x] for x in t.loops)
         return DOES_NOT, f"acts in {where}, not in {LOOP_WORDS[loop]}"
     if family is not None:
         ok, why = t.applies_to(family)
-        if ok and t.name == "kv_cache" and loop == "generate":
-            ok, why = family.kv_cache_support()
         if not ok:
             return DOES_NOT, f"{t.name} {why}"
     if loop == "train" and train_cfg is not None:
-        nothing = t.changes_nothing(train_cfg.resolve(hw))
+        nothing = t.changes_nothing(train_cfg)
         if nothing:
             return DOES_NOT, nothing
     ok, why = t.available_in_ranks(hw) if launches and t.needs_process_group else t.available(hw)

@@ -88,24 +88,18 @@ def _generate_config(args, toggles, ladder: bool = False):
                               f"the prompt), --device and --seed")
         model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
-        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=_new_tokens(args, model, prompts),
+        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
                               device=args.device, seed=args.seed, toggles=toggles,
                               quality_seq_len=args.quality_seq_len)
     if args.hf_model is not None:
         args.preset = args.model if args.model in PRESET_NAMES else "auto"
     model = _hf_model(args) or args.model or "shakespeare-char"
     prompts = args.prompt or ["ROMEO:"]
-    return GenerateConfig(model=model, prompts=prompts, max_new_tokens=_new_tokens(args, model, prompts),
+    return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, seed=args.seed, toggles=toggles,
                           device=args.device, warmup_tokens=args.warmup_tokens, quality=args.quality,
                           quality_seq_len=args.quality_seq_len)
 
-
-def _new_tokens(args, model, prompts) -> int:
-    """--max-new-tokens, or 200 cut to what the model's context leaves after the longest prompt."""
-    from .inference.config import fitting_new_tokens
-
-    return args.max_new_tokens if args.max_new_tokens is not None else fitting_new_tokens(model, prompts)
 
 
 def _config(args, toggles) -> RunConfig:

@@ -25,8 +25,14 @@ from .search import Deadline, Measurement, SearchSpace, search
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
 
 def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) -> SearchSpace:
+    family = base.family() if base.custom_model else None  # what the model's family takes (Hugging Face, yours)
+
     def choice_available(name: str, value) -> tuple[bool, str]:
         toggle = TOGGLES[name]
+        if family is not None:
+            ok, why = toggle.choice_applies(family, value)
+            if not ok:
+                return False, f"{name} {why}"
         return toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
 
     def measure(cfg: GenerateConfig) -> Measurement:
@@ -41,7 +47,8 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
         step_ms = r.decode_ms.median if r.decode_ms else None
         return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
 
-    changes = [(label, toggles) for label, toggles, _ in declared_changes("generate", hw)]
+    applies = None if family is None else (lambda t: t.applies_to(family)[0])
+    changes = [(label, toggles) for label, toggles, _ in declared_changes("generate", hw, applies)]
     return SearchSpace(changes=changes, available=lambda name: TOGGLES[name].available(hw),
                        conflicts=config_conflicts(base), planned_peak=lambda cfg: None, measure=measure,
                        choice_available=choice_available)
@@ -58,7 +65,8 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
     hw = hw or detect(config.device)
     stop = Deadline(time_budget_s, stop)  # a measurement under way ends before the budget runs out
     # quality is what guards the quantized and bf16 candidates: measured on every run
-    base = dataclasses.replace(config, max_new_tokens=max_new_tokens, quality=True, label=None)
+    fits = dataclasses.replace(config, max_new_tokens=None).max_new_tokens  # what the model's context leaves
+    base = dataclasses.replace(config, max_new_tokens=min(max_new_tokens, fits), quality=True, label=None)
     found = search(base.resolve(hw), generation_space(base, hw, min_agreement, stop), budget_bytes=budget_bytes,
                    time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate)
     best = dataclasses.replace(found.best, max_new_tokens=config.max_new_tokens, quality=config.quality, label=None)

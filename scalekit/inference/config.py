@@ -35,8 +35,8 @@ class GenerateConfig:
     when it follows one of the conventions of scalekit.models.conventions."""
     prompts: str | Sequence[str] | Sequence[Sequence[int]] = "ROMEO:"
     """One prompt, or a batch of them (text, or lists of token ids); prompts of different lengths are left-padded."""
-    max_new_tokens: int = 200
-    """Tokens generated after each prompt."""
+    max_new_tokens: int | None = None
+    """Tokens generated after each prompt (None: 200, cut to what the model's context leaves after the longest)."""
     temperature: float = 0.0
     """0: greedy (the most likely token every step); above 0: sampled from softmax(logits / temperature)."""
     top_k: int | None = None
@@ -73,13 +73,24 @@ class GenerateConfig:
         elif isinstance(self.prompts, Sequence):
             self.prompts = [p if isinstance(p, str) else list(p) if isinstance(p, Sequence) else p
                             for p in self.prompts]
+        if self.max_new_tokens is None:
+            self.max_new_tokens = self._fitting_new_tokens()
         self.validate()
+
+    def _fitting_new_tokens(self) -> int:
+        """DEFAULT_NEW_TOKENS, cut so that the longest prompt and they fit the model's context (a preset's
+        default: 58 new tokens after 'ROMEO:' for the 64 positions of 'tiny')."""
+        self._validate_tokenizer()
+        self._validate_model()
+        self._validate_prompts()
+        context = self.context_length()
+        if context is None:
+            return DEFAULT_NEW_TOKENS
+        return max(1, min(DEFAULT_NEW_TOKENS, context - max(len(p) for p in self.prompt_ids())))
 
     # -- validation --------------------------------------------------------------------------------
     def validate(self) -> None:
-        if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))
-                                               and callable(getattr(self.tokenizer, "decode", None))):
-            raise ConfigError("GenerateConfig.tokenizer must have encode(text) -> ids and decode(ids) -> text")
+        self._validate_tokenizer()
         self._validate_model()
         self._validate_prompts()
         for name, (low, high) in INT_RANGES.items():
@@ -98,6 +109,11 @@ class GenerateConfig:
         self._validate_lengths()
         self._validate_quality_tokens()
 
+    def _validate_tokenizer(self) -> None:
+        if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))
+                                               and callable(getattr(self.tokenizer, "decode", None))):
+            raise ConfigError("GenerateConfig.tokenizer must have encode(text) -> ids and decode(ids) -> text")
+
     def _validate_model(self) -> None:
         if isinstance(self.model, str):
             if self.model not in MODEL_NAMES:
@@ -108,14 +124,10 @@ class GenerateConfig:
                               f"function returning a model, got {type(self.model).__name__}")
         if self.custom_model:
             family = self.family()
-            for name in self.toggles:
-                ok, why = TOGGLES[name].applies_to(family)
+            for name, value in self.toggles.items():
+                ok, why = TOGGLES[name].choice_applies(family, value)
                 if not ok:
                     raise ToggleUnavailable(f"toggle {name!r} {why}")
-            if "kv_cache" in self.toggles:
-                ok, why = family.kv_cache_support(self.toggles["kv_cache"])
-                if not ok:
-                    raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
 
     def _validate_prompts(self) -> None:
         prompts = self.prompts
@@ -255,6 +267,7 @@ class GenerateConfig:
 
 
 DEFAULT_QUALITY_SEQ_LEN = 256
+DEFAULT_NEW_TOKENS = 200
 INT_RANGES = {
     "max_new_tokens": (1, 10**6),
     "seed": (0, 2**63 - 1),
@@ -262,16 +275,6 @@ INT_RANGES = {
     "quality_windows": (1, 10**5),
     "quality_seq_len": (2, 2**20),
 }
-
-
-def fitting_new_tokens(model, prompts, wanted: int = 200, tokenizer=None) -> int:
-    """`wanted` new tokens, cut so that the longest prompt and they fit the model's context (a preset's default
-    of the command line: `scalekit generate --model tiny` generates 58 after 'ROMEO:', not 200)."""
-    probe = GenerateConfig(model=model, prompts=prompts, max_new_tokens=1, quality=False, tokenizer=tokenizer)
-    context = probe.context_length()
-    if context is None:
-        return wanted
-    return max(1, min(wanted, context - max(len(p) for p in probe.prompt_ids())))
 
 
 @functools.lru_cache(maxsize=1)

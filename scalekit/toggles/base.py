@@ -212,6 +212,11 @@ class Toggle:
                            f"says how to make that change")
         return True, ""
 
+    def choice_applies(self, adapter: Any, value: Any) -> tuple[bool, str]:
+        """Whether it applies with `value` (one of its modes) to a model of family `adapter`; by default what
+        `applies_to` says.  A toggle whose modes a family takes one by one (KV cache kinds) answers per mode."""
+        return self.applies_to(adapter)
+
     def validate(self, value: Any, owner: str = "RunConfig") -> Any:
         """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values (and
         `owner`, the config the value was given to)."""

@@ -27,6 +27,9 @@ class KVCache(Toggle):
         # the built-in GPT's convention, gpt-fast's setup_caches, transformers' own caches: the family says
         return adapter.kv_cache_support()
 
+    def choice_applies(self, adapter, value) -> tuple[bool, str]:
+        return adapter.kv_cache_support(value)
+
     def apply(self, ctx: BuildContext, value: str) -> None:
         family = ctx.model_adapter  # None: the built-in GPT in a training run's evaluation
         if family is not None:

@@ -21,7 +21,6 @@ import threading
 import ipywidgets as w
 
 from ..inference import GenerateConfig, GenerateResult, TokenRecord, generate
-from ..inference.config import fitting_new_tokens
 from ..toggles import ORDER
 from .generate_plots import GenerationPlots
 from .generate_table import results_frame, results_html
@@ -41,8 +40,6 @@ class GenerateLab(Runner):
 
     def __init__(self, model="shakespeare-char", *, prompts="ROMEO:", max_new_tokens: int | None = None,
                  device: str = "auto", updates_per_s: float = 4.0, hw=None, **config):
-        if max_new_tokens is None:  # 200, cut to what the model's context leaves after the prompt
-            max_new_tokens = fitting_new_tokens(model, prompts, tokenizer=config.get("tokenizer"))
         self.base_config = GenerateConfig(model=model, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
                                           **config)
         super().__init__(hw, device, updates_per_s)  # Run/Stop, status, messages, the table, save buttons

@@ -79,8 +79,8 @@ def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = 
                        loop: str = "train", config=None) -> str:
     """Why `toggle` cannot be switched on here ("" if it can): the reason scalekit.applicable gives.  With
     `launches`, the panel's owner starts the processes a toggle like ddp needs, so it is asked as a rank of
-    such a launch would be.  `adapter`: the model's family (what it can change); `config`: the run's config,
-    whose data decides what the data toggles act on."""
+    such a launch would be.  `adapter`: the model's family (what it can change); `config`: the run's resolved
+    config, whose data decides what the data toggles act on."""
     if loop not in toggle.loops:  # a generation toggle in a training Lab acts on its evaluation (eval_every)
         loop = toggle.loops[0]
     status, why = verdict(toggle, loop, adapter if custom_model else None, config, hw, launches)
@@ -154,6 +154,7 @@ class TogglePanel:
             [(other, t.name, why) for t in toggles for other, why in t.excludes.items()]
         names = {t.name for t in toggles}
         groups: dict[str, list[w.Widget]] = {}
+        config = config.resolve(hw) if config is not None else None  # once: the data toggles read its data
         for members in control_sets(toggles, self.exclusive):
             t = members[0]
             reasons = {m.name: r for m in members if (r := unavailable_reason(m, hw, custom_model, launches,
