@@ -26,6 +26,18 @@ def test_generate_vs_hf_compares_on_the_same_tokens():
     lines = out.strip().splitlines()
     assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
     assert sum("same greedy tokens" in line for line in lines) == 2  # the script asserts they agree
+    # transformers' fast path (static cache, compiled forward) is measured beside its default, and the ratio is
+    # against the faster of the two
+    assert all("transformers fast path" in line and "ratio" in line for line in lines[1:3])
+
+
+@pytest.mark.slow
+def test_generate_hf_llama_compares_scalekit_with_the_models_own_generate():
+    out = run_benchmark("benchmarks/generate_hf_llama.py", "--preset", "tiny", "--new-tokens", "10", "--rounds", "1",
+                        "--batches", "1", "--threads", "1")
+    lines = out.strip().splitlines()
+    assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
+    assert "LlamaForCausalLM" in lines[0] and "same greedy tokens" in lines[1] and "fast path" in lines[1]
 
 
 @pytest.mark.slow
