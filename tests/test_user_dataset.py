@@ -214,3 +214,10 @@ def test_from_training_arguments_maps_the_data_loader_fields_onto_your_train_dat
     # without a dataset the same fields map onto the shipped corpus's loader, for a Hugging Face model too
     assert RunConfig.from_training_arguments({"dataloader_num_workers": 2},
                                              model=causal_lm("llama")).toggles["dataloader_num_workers"] == 2
+
+
+def test_the_planner_traces_a_step_on_a_batch_of_your_dataset():
+    import scalekit
+
+    plan = scalekit.estimate(own())
+    assert plan.method.startswith("traced") and plan.peak_bytes > plan.params_bytes > 0
