@@ -20,7 +20,6 @@ from .engine import generate
 from .quantization import INT4_METHODS, INT8_METHODS
 from .results import GenerateResult
 
-
 # (label, the toggles this rung sets; None marks "the first quantization method of this list that runs here")
 INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (
     ("+ inference_mode", {"inference_mode": True}),
