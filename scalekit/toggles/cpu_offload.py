@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..checks import check_bool
 from ..distributed import available_with_ranks, distributed_available
-from .base import BuildContext, Toggle
+from .base import BuildContext, Call, Spelling, Toggle
+from .fsdp import fsdp_fields
 
 
 class CPUOffload(Toggle):
@@ -35,5 +37,22 @@ class CPUOffload(Toggle):
     def plan(self, facts, value) -> None:
         facts.offloaded = frozenset(("params", "grads", "state"))
         facts.rank_notes.append("cpu_offload keeps the shards in host memory")
+
+    training_fields = {"fsdp": None, "fsdp_config": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        read = fsdp_fields(fields)  # the fsdp options and fsdp_config, checked (None: no fsdp)
+        if read is None:
+            return None
+        options, config = read
+        offload = config.get("cpu_offload", False)
+        check_bool("TrainingArguments", "fsdp_config['cpu_offload']", offload)
+        return offload or "offload" in options or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        # an option of fsdp's own spelling, which merges it in (fsdp comes after this toggle in ORDER)
+        return {"hf": Spelling(kwargs={"fsdp_config": {"cpu_offload": True}}),
+                "accelerate": Spelling(kwargs={"fsdp_plugin": Call("FullyShardedDataParallelPlugin", {"cpu_offload": "True"})}),
+                "lightning": Spelling(kwargs={"strategy": Call("FSDPStrategy", {"cpu_offload": "True"})})}[target]
 
 TOGGLE = CPUOffload()

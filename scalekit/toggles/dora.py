@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import BuildContext
+from .base import BuildContext, Spelling
 from .counted import CountToggle
-from .lora import add_adapters, peft_available
+from .lora import add_adapters, peft_available, peft_spelling
 
 
 class DoRA(CountToggle):
@@ -33,5 +33,8 @@ class DoRA(CountToggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, rank: int, cfg) -> Spelling:
+        return peft_spelling(rank, True, cfg)
 
 TOGGLE = DoRA()

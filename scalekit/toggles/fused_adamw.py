@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from .base import BuildContext, Spelling, Toggle
+from .optim import optimizer_spelling
 
 
 class FusedAdamW(Toggle):
@@ -23,5 +24,8 @@ class FusedAdamW(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return optimizer_spelling(target, "adamw_torch_fused", cfg)  # read back as optim='adamw_torch_fused'
 
 TOGGLE = FusedAdamW()

@@ -7,7 +7,7 @@ import importlib.util
 from ..errors import ToggleUnavailable
 from ..models.blocks import block_linears, is_conv1d
 from ..optional import quiet_import
-from .base import BuildContext
+from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
@@ -47,6 +47,17 @@ def add_adapters(ctx: BuildContext, rank: int, use_dora: bool) -> None:
                      f"{sum(p.numel() for p in ctx.model.parameters() if p.requires_grad):,} trainable parameters")
 
 
+def peft_spelling(rank: int, use_dora: bool, cfg) -> Spelling:
+    """peft's LoraConfig and get_peft_model in exported code (the same config add_adapters builds)."""
+    targets = repr(list(cfg.adapter_targets)) if cfg.adapter_targets else '"all-linear"'  # the blocks' linear layers
+    return Spelling(imports=("from peft import LoraConfig, get_peft_model", "from transformers.pytorch_utils import Conv1D"),
+                    model=(f"adapters = LoraConfig(r={rank}, lora_alpha={2 * rank}, lora_dropout=0.0, target_modules={targets}, "
+                           f"use_dora={use_dora},",
+                           "                      fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()))  "
+                           "# Conv1D stores (in, out)",
+                           f"model = get_peft_model(model, adapters)  # {'dora' if use_dora else 'lora'}={rank}"))
+
+
 class LoRA(CountToggle):
     name = "lora"
     summary = "LoRA (peft): the model frozen, a rank-r update B·A trained beside each linear layer of the blocks"
@@ -72,5 +83,8 @@ class LoRA(CountToggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, rank: int, cfg) -> Spelling:
+        return peft_spelling(rank, False, cfg)
 
 TOGGLE = LoRA()
