@@ -359,6 +359,8 @@ def test_every_toggle_is_carried_or_listed_with_why_by_every_export(name, target
     spelled = TOGGLES[name].spelling(target, value, cfg)
     if spelled.missing:
         assert f"# not carried: {hf_args.label(name, value)}: {spelled.missing}" in code
+    elif spelled.gpu_only and not torch.cuda.is_available():  # refused here: left out of code that is to run here
+        assert f"# not carried: {hf_args.label(name, value)}: refused where there is no GPU" in code
     else:
         assert not unwritten(spelled, code, target), (unwritten(spelled, code, target), code)
     if target == "hf":  # to_training_arguments: as arguments, or named in its warning (with why)

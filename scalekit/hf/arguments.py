@@ -24,6 +24,8 @@ import dataclasses
 import warnings
 from typing import Any
 
+import torch
+
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..errors import ConfigError
 from ..toggles import ORDER, TOGGLES, PlanFacts, needs_process_group
@@ -142,15 +144,19 @@ def _training_arguments_defaults() -> dict:
 
 
 # -- out: the toggles' spellings, put together ----------------------------------------------------------------
-def assemble(cfg: Any, target: str) -> tuple[Spelling, list[str]]:
+def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[str]]:
     """Every toggle of `cfg` spelled for `target` and put together (Spelling's rules): what the toggles that are off
-    write, then those on, in ORDER; and, for each toggle on that `target` cannot carry, "label: why"."""
+    write, then those on, in ORDER; and, for each toggle on that `target` cannot carry, "label: why".  `here`: for
+    code run on this machine, which leaves out what the framework refuses where there is no GPU, if it has none."""
     total, missing = Spelling(), []
     for toggle in ORDER:
         if toggle.name not in cfg.toggles:
             total = total.then(toggle.off_spelling(target, cfg))
     for name, value in cfg.toggles.items():
         spelled = TOGGLES[name].spelling(target, value, cfg)
+        if not spelled.missing and spelled.gpu_only and here and not torch.cuda.is_available():
+            spelled = Spelling(missing="refused where there is no GPU, and this machine, where the code was exported "
+                                       "to run, has none: add it back to train on a GPU")
         if spelled.missing:
             missing.append(f"{label(name, value)}: {spelled.missing}")
         else:
@@ -167,6 +173,17 @@ def model_side(cfg: Any) -> dict[str, str]:
             calls = [f"from_config(config, {k}={v})" for k, v in spelled.model_kwargs.items()]
             out[name] = "; ".join([*calls, *(line.strip() for line in spelled.model)])
     return out
+
+
+def runs_on_cpu(cfg: Any, switch: str) -> tuple[bool, str]:
+    """Whether exported code trains on the CPU: device='cpu', or 'auto' where this machine has no GPU (a framework that
+    looks for a GPU it does not find refuses bf16: "Your setup doesn't support bf16/gpu"); with the note for the second,
+    which names the framework's `switch`."""
+    if cfg.device == "cpu":
+        return True, ""
+    if cfg.device == "auto" and not torch.cuda.is_available():
+        return True, f"exported where there is no GPU: {switch} (leave it out to train on one)"
+    return False, ""
 
 
 def per_device_batch(cfg: Any, world: int) -> int | None:
@@ -189,20 +206,21 @@ def training_arguments(cfg: Any, world_size: int = 1) -> dict:
     return kwargs
 
 
-def training_arguments_and_notes(cfg: Any, world_size: int = 1) -> tuple[dict, list[str]]:
-    """(TrainingArguments keyword arguments for `cfg`, what they do not carry exactly, in words)."""
-    kwargs, notes, missing = hf_arguments(cfg, world_size)
+def training_arguments_and_notes(cfg: Any, world_size: int = 1, here: bool = False) -> tuple[dict, list[str]]:
+    """(TrainingArguments keyword arguments for `cfg`, what they do not carry exactly, in words).  `here`: for code
+    run on this machine, which trains on its CPU where it has no GPU (runs_on_cpu)."""
+    kwargs, notes, missing = hf_arguments(cfg, world_size, here)
     notes += [f"not carried: {label(n, cfg.toggles[n])}: model-side in Transformers ({code})"
               for n, code in model_side(cfg).items()]
     return kwargs, notes + [f"not carried: {m}" for m in missing]
 
 
-def hf_arguments(cfg: Any, world_size: int) -> tuple[dict, list[str], list[str]]:
+def hf_arguments(cfg: Any, world_size: int, here: bool = False) -> tuple[dict, list[str], list[str]]:
     """(TrainingArguments keyword arguments, notes, "label: why" of the toggles no Transformers code carries)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"to_training_arguments: world_size must be a positive integer (processes), got {world_size!r}")
     world = world_size if needs_process_group(cfg.toggles) else 1
-    spelled, missing = assemble(cfg, "hf")
+    spelled, missing = assemble(cfg, "hf", here)
     kwargs: dict[str, Any] = {}
     notes = []
     per_device = per_device_batch(cfg, world)
@@ -211,7 +229,8 @@ def hf_arguments(cfg: Any, world_size: int) -> tuple[dict, list[str], list[str]]
     else:
         kwargs["per_device_train_batch_size"] = per_device
     kwargs.update(learning_rate=cfg.lr, seed=cfg.seed)
-    if cfg.device == "cpu":
+    cpu, why = runs_on_cpu(cfg, "use_cpu=True") if here else (cfg.device == "cpu", "")
+    if cpu:
         kwargs["use_cpu"] = True
     kwargs.update(spelled.kwargs)
-    return kwargs, list(spelled.notes), missing
+    return kwargs, [*([why] if why else []), *spelled.notes], missing

@@ -6,7 +6,8 @@ and Trainer, Accelerate's Accelerator and notebook_launcher, or Lightning's Trai
 pieces in place and names no toggle.  What a framework has no switch for is written as the code that does it;
 what does not carry over exactly says so in a `# note:`; a toggle no code carries is named in a `# not carried:`
 line with why.  The code assumes `config` (a transformers config) and `train_dataset` (dicts of "input_ids" and
-"labels") are defined; nothing here imports the frameworks.
+"labels") are defined, and runs where it was exported (on the CPU where there is no GPU); nothing here imports
+the frameworks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..toggles import needs_process_group
 from ..toggles.base import EXPORT_TARGETS, Spelling
-from .arguments import assemble, hf_arguments, per_device_batch
+from .arguments import assemble, hf_arguments, per_device_batch, runs_on_cpu
 
 TARGETS = EXPORT_TARGETS
 
@@ -62,8 +63,8 @@ def _launch_note(world: int) -> list[str]:
 
 # -- Transformers -------------------------------------------------------------------------------------------
 def _hf(cfg: Any, world: int) -> str:
-    kwargs, notes, missing = hf_arguments(cfg, world)
-    spelled, _ = assemble(cfg, "hf")
+    kwargs, notes, missing = hf_arguments(cfg, world, here=True)
+    spelled, _ = assemble(cfg, "hf", here=True)
     lines = [*_header(cfg, "Transformers", notes, missing),
              "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments", *spelled.imports, "",
              *_model_lines(spelled), "args = " + "\n".join(_call("TrainingArguments", {k: repr(v) for k, v in kwargs.items()})),
@@ -74,10 +75,11 @@ def _hf(cfg: Any, world: int) -> str:
 
 # -- Accelerate ----------------------------------------------------------------------------------------------
 def _accelerate(cfg: Any, world: int) -> str:
-    spelled, missing = assemble(cfg, "accelerate")
-    kwargs = {**{k: str(v) for k, v in spelled.kwargs.items()}, **({"cpu": "True"} if cfg.device == "cpu" else {})}
+    spelled, missing = assemble(cfg, "accelerate", here=True)
+    cpu, why = runs_on_cpu(cfg, "cpu=True")
+    kwargs = {**{k: str(v) for k, v in spelled.kwargs.items()}, **({"cpu": "True"} if cpu else {})}
     i = "    "
-    lines = [*_header(cfg, "Accelerate", list(spelled.notes), missing),
+    lines = [*_header(cfg, "Accelerate", [*([why] if why else []), *spelled.notes], missing),
              "import torch", "from torch.utils.data import DataLoader", "from accelerate import Accelerator, notebook_launcher",
              *spelled.imports, "from transformers import AutoModelForCausalLM", "", "", "def training_function():",
              *[i + line for line in spelled.setup], f"{i}accelerator = " + "\n".join(_call("Accelerator", kwargs, i)).lstrip(),
@@ -94,9 +96,9 @@ def _accelerate(cfg: Any, world: int) -> str:
 # -- Lightning ----------------------------------------------------------------------------------------------
 def lightning_trainer_kwargs(cfg: Any, world: int) -> dict:
     """Keyword arguments (as source text) of lightning.Trainer for `cfg`."""
-    kwargs = {k: str(v) for k, v in assemble(cfg, "lightning")[0].kwargs.items()}
+    kwargs = {k: str(v) for k, v in assemble(cfg, "lightning", here=True)[0].kwargs.items()}
     kwargs["devices"] = repr(world)
-    kwargs["accelerator"] = repr("cpu" if cfg.device == "cpu" else "auto")
+    kwargs["accelerator"] = repr("cpu" if runs_on_cpu(cfg, "")[0] else "auto")
     kwargs["max_steps"] = repr(cfg.warmup_steps + cfg.steps)
     return kwargs
 
@@ -114,8 +116,9 @@ def _lightning_module(spelled: Spelling) -> list[str]:
 
 
 def _lightning(cfg: Any, world: int) -> str:
-    spelled, missing = assemble(cfg, "lightning")
-    lines = [*_header(cfg, "Lightning", list(spelled.notes), missing),
+    spelled, missing = assemble(cfg, "lightning", here=True)
+    why = runs_on_cpu(cfg, "accelerator='cpu'")[1]
+    lines = [*_header(cfg, "Lightning", [*([why] if why else []), *spelled.notes], missing),
              "import torch", "from torch.utils.data import DataLoader", "import lightning as L", *spelled.imports,
              "from transformers import AutoModelForCausalLM", "", "", *_lightning_module(spelled), "", "", *spelled.setup,
              *_model_lines(spelled), _loader_line(cfg, spelled, world, ""),

@@ -177,6 +177,7 @@ class Spelling:
     after_step: tuple[str, ...] = ()  # lines after each optimizer step (Accelerate: its loop; Lightning: on_train_batch_end)
     notes: tuple[str, ...] = ()  # what the code carries only approximately, said beside it
     missing: str = ""  # why this framework cannot carry the toggle ("" when it can): a `# not carried:` line, a warning
+    gpu_only: bool = False  # the framework refuses it where there is no GPU: code exported on such a machine leaves it out
 
     def then(self, later: Spelling) -> Spelling:
         """This spelling and a later toggle's together, by the rules above (`missing` is the caller's to say)."""

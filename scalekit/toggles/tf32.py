@@ -48,7 +48,7 @@ class TF32(Toggle):
         return bool_or_none("TrainingArguments", "tf32", fields["tf32"]) or None
 
     def spelling(self, target, value, cfg) -> Spelling:
-        return {"hf": Spelling(kwargs={"tf32": True}),
+        return {"hf": Spelling(kwargs={"tf32": True}, gpu_only=True),  # TrainingArguments refuses it without an Ampere GPU
                 "accelerate": Spelling(setup=("torch.backends.cuda.matmul.allow_tf32 = True  # tf32",
                                               "torch.backends.cudnn.allow_tf32 = True")),
                 "lightning": Spelling(setup=('torch.set_float32_matmul_precision("high")  # tf32, as Lightning asks for it',))}[target]
