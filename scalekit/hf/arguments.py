@@ -155,8 +155,9 @@ def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[
     for name, value in cfg.toggles.items():
         spelled = TOGGLES[name].spelling(target, value, cfg)
         if not spelled.missing and spelled.gpu_only and here and not torch.cuda.is_available():
-            spelled = Spelling(missing="refused where there is no GPU, and this machine, where the code was exported "
-                                       "to run, has none: add it back to train on a GPU")
+            written = ", ".join(f"{k}={v!r}" for k, v in spelled.kwargs.items()) or "it"
+            spelled = Spelling(missing=f"refused where there is no GPU, and this machine, which the code was exported "
+                                       f"to run on, has none: add {written} back to train on one")
         if spelled.missing:
             missing.append(f"{label(name, value)}: {spelled.missing}")
         else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..checks import check_bool
 from ..distributed import available_with_ranks, distributed_available
 from .base import BuildContext, Call, Spelling, Toggle
-from .fsdp import fsdp_fields
 
 
 class CPUOffload(Toggle):
@@ -41,11 +40,12 @@ class CPUOffload(Toggle):
     training_fields = {"fsdp": None, "fsdp_config": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
-        read = fsdp_fields(fields)  # the fsdp options and fsdp_config, checked (None: no fsdp)
-        if read is None:
+        # fsdp's options ("full_shard offload") and its config; fsdp, read after this toggle, refuses other kinds
+        fsdp, config = fields["fsdp"], fields["fsdp_config"]
+        options = fsdp.split() if isinstance(fsdp, str) else fsdp if isinstance(fsdp, list) else []
+        if not fsdp or isinstance(fsdp, list) and not all(isinstance(o, str) for o in fsdp):
             return None
-        options, config = read
-        offload = config.get("cpu_offload", False)
+        offload = config.get("cpu_offload", False) if isinstance(config, dict) else False
         check_bool("TrainingArguments", "fsdp_config['cpu_offload']", offload)
         return offload or "offload" in options or None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .base import BuildContext, Spelling, Toggle
-from .optim import optimizer_spelling
 
 
 class FusedAdamW(Toggle):
@@ -26,6 +25,9 @@ class FusedAdamW(Toggle):
         return True
 
     def spelling(self, target, value, cfg) -> Spelling:
-        return optimizer_spelling(target, "adamw_torch_fused", cfg)  # read back as optim='adamw_torch_fused'
+        if target == "hf":  # TrainingArguments' name for it, read back as optim='adamw_torch_fused'; torch's decay
+            return Spelling(kwargs={"optim": "adamw_torch_fused", "weight_decay": 0.01})
+        params = "self.parameters()" if target == "lightning" else "model.parameters()"
+        return Spelling(optimizer=f"torch.optim.AdamW({params}, lr={cfg.lr!r}, fused=True)")
 
 TOGGLE = FusedAdamW()
