@@ -8,6 +8,8 @@ import pytest
 from scalekit import ConfigError, RunConfig, estimate, run
 from scalekit.autotune import declared_changes, machine_space
 from scalekit.cli import main
+from scalekit.hf.arguments import training_arguments_and_notes
+from scalekit.hf.export import TARGETS, export_code
 from scalekit.toggles import ORDER, PHASES, TOGGLES, Toggle, Tune, exclusions, register, unregister
 from tests.helpers import CPU, tiny
 
@@ -75,3 +77,22 @@ def test_autotune_searches_it_at_its_rank(probe):
     space = machine_space(tiny(), CPU)
     assert ("probe every 2", {"probe_every_k": "2"}) in space.changes
     assert "probe every 2" not in [label for label, _, _ in declared_changes("generate", CPU)]
+
+
+def test_every_export_lists_it_as_not_carried_with_why(probe):
+    cfg = tiny(toggles={"probe_every_k": "2"}, batch_size=8)
+    for target in TARGETS:
+        code = export_code(cfg, target)
+        line = next(line for line in code.splitlines() if "not carried" in line and "probe_every_k" in line)
+        assert "no " + target in line or "spelling" in line, line  # says why: it declares no spelling
+    _, notes = training_arguments_and_notes(cfg)
+    assert any("probe_every_k" in n and "not carried" in n for n in notes)
+
+
+def test_a_spelling_it_declares_is_what_the_export_writes(probe, monkeypatch):
+    from scalekit.toggles import Spelling
+
+    monkeypatch.setattr(EveryOtherStepNote, "spelling", lambda self, target, value, cfg: Spelling(
+        kwargs={"probe_field": value} if target == "hf" else {}, notes=(f"probe spelled for {target}",)))
+    kwargs, notes = training_arguments_and_notes(tiny(toggles={"probe_every_k": "4"}, batch_size=8))
+    assert kwargs["probe_field"] == "4" and "probe spelled for hf" in " ".join(notes)
