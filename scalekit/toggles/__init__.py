@@ -37,7 +37,7 @@ from . import (
     training_format,
     vectorized_transforms,
 )
-from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Toggle, Tune
+from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
 
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
@@ -184,5 +184,5 @@ def needs_process_group(toggles) -> bool:
 
 
 __all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination",
-           "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "BuildContext", "OptimizerStep",
-           "PHASES", "LOOPS", "LOOP_WORDS"]
+           "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "Spelling", "BuildContext",
+           "OptimizerStep", "PHASES", "LOOPS", "LOOP_WORDS"]
