@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from .hf.model import HFCausalLM, is_hf_config, is_hf_model
-from .models.conventions import BUILTIN, module_family
+from .models.conventions import BUILTIN, ScalekitCacheLM, module_family
 from .models.family import ModelAdapter
 from .models.gpt import GPT
 
@@ -41,8 +41,10 @@ def generation_family(model: Any) -> ModelAdapter:
         return model
     if is_hf_model(model) or is_hf_config(model):
         return HFCausalLM(model)
-    if model is None or isinstance(model, (str, GPT)):
+    if model is None or isinstance(model, str):
         return BUILTIN
+    if isinstance(model, GPT):  # a built-in GPT you made: its own context and vocabulary
+        return ScalekitCacheLM(model)
     family = module_family(model)
     if family.cls is not None and is_hf_model_class(family.cls):
         return HFCausalLM(model)  # a function that builds a Hugging Face model

@@ -23,6 +23,7 @@ import torch
 from ..errors import ConfigError
 from .blocks import block_list
 from .family import CACHE_CONVENTIONS, ModelAdapter, logits_of
+from .gpt import GPT
 from .kv_cache import CACHE_KINDS, make_cache
 
 
@@ -87,7 +88,7 @@ class ScalekitCacheLM(OwnModel):
 
     @property
     def family(self) -> str:
-        return "the built-in GPT" if self.source is None else super().family
+        return "the built-in GPT" if self.source is None or isinstance(self.source, GPT) else super().family
 
     def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
         return True, ""
