@@ -245,3 +245,39 @@ def test_hf_compiled_decode_over_a_static_cache_is_one_graph_with_the_eager_toke
     assert compiled.status == "ok", compiled.error
     assert compiled.token_ids == eager.token_ids == hf_generate(models[family], PROMPTS, 10)
     assert compiled.recompiles_measured == 0 and compiled.graphs_compiled >= 1
+
+
+class MyCachedLM(torch.nn.Module):
+    """A model of a user's own written to scalekit's convention: forward(idx, cache=..., input_pos=...)."""
+
+    def __init__(self):
+        super().__init__()
+        from scalekit.models import GPT, GPTConfig
+
+        self.inner = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=32))
+
+    def forward(self, idx, cache=None, input_pos=None):
+        return self.inner(idx, cache=cache, input_pos=input_pos)[0]
+
+
+def test_a_model_in_scalekits_convention_gets_scalekits_caches_and_the_same_tokens():
+    torch.manual_seed(0)
+    model = MyCachedLM()
+    for p in model.parameters():
+        p.data.mul_(6)
+    runs = [generate(model=model, prompts=PROMPTS, max_new_tokens=12, toggles=t, hw=CPU, **QUICK)
+            for t in ({}, {"kv_cache": "dynamic"}, {"kv_cache": "static"})]
+    assert all(r.status == "ok" for r in runs), [r.error for r in runs]
+    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids and len(set(runs[0].token_ids[0])) > 3
+    assert runs[2].kv_cache_bytes == 2 * 2 * 2 * 18 * 32 * 4  # k and v, 2 layers, 2 prompts, 18 positions
+    with pytest.raises(ConfigError, match="give prompts of one length"):  # its forward takes no pad=
+        GenerateConfig(model=model, prompts=[[1, 2], [3]])
+
+
+def test_the_inference_ladder_skips_a_rung_the_models_family_cannot_take():
+    from scalekit.inference import inference_ladder
+
+    rungs = (("+ kv_cache", {"kv_cache": "dynamic"}), ("+ static", {"kv_cache": "static"}))
+    results = inference_ladder(GenerateConfig(model=FastLM(), prompts=PROMPTS, max_new_tokens=4, **QUICK), rungs=rungs)
+    assert [r.status for r in results] == ["ok", "skipped", "ok"]
+    assert "keeps the static cache setup_caches allocates" in results[1].error

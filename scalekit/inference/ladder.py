@@ -70,7 +70,7 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
     for label, change in rungs:
         if stop is not None and stop.is_set() or results[-1].status == "stopped":
             break
-        toggles, why = _rung_toggles(change, hw)
+        toggles, why = _rung_toggles(change, hw, base_cfg.family() if base_cfg.custom_model else None)
         if why:
             keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name))
             continue
@@ -82,8 +82,8 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
     return results
 
 
-def _rung_toggles(change: dict, hw) -> tuple[dict, str]:
-    """The concrete toggles of a rung, or ({}, why this machine cannot run it)."""
+def _rung_toggles(change: dict, hw, family=None) -> tuple[dict, str]:
+    """The concrete toggles of a rung, or ({}, why this machine, or the model's family, cannot run it)."""
     toggles = {}
     for name, value in change.items():
         if isinstance(value, tuple):
@@ -91,6 +91,10 @@ def _rung_toggles(change: dict, hw) -> tuple[dict, str]:
             if value is None:
                 return {}, why
         toggle = TOGGLES[name]
+        if family is not None:
+            ok, why = toggle.choice_applies(family, value)
+            if not ok:
+                return {}, f"{name} {why}"
         ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
         if not ok:
             return {}, why
