@@ -28,7 +28,7 @@ import torch
 
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..errors import ConfigError
-from ..toggles import ORDER, TOGGLES, PlanFacts, needs_process_group
+from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
 from ..toggles.base import Spelling
 
 # TrainingArguments fields read for RunConfig's own fields (not toggles), with their defaults there
@@ -59,14 +59,6 @@ def label(name: str, value: Any) -> str:
     return name if value is True else f"{name}={value!r}"
 
 
-def step_facts(toggles: dict, world: int) -> PlanFacts:
-    """What the toggles say of a training step (their `plan`): here, the micro-batches each step is split into."""
-    facts = PlanFacts(world_size=world)
-    for name, value in toggles.items():
-        TOGGLES[name].plan(facts, value)
-    return facts
-
-
 # -- in: TrainingArguments -> RunConfig fields ----------------------------------------------------------------
 def run_config_fields(args: Any, world_size: int | None = None) -> tuple[dict, list[str]]:
     """RunConfig keyword arguments for `args` (TrainingArguments or its dict), and notes on what is not mapped.  A
@@ -82,7 +74,7 @@ def run_config_fields(args: Any, world_size: int | None = None) -> tuple[dict, l
     world = world_size if needs_process_group(toggles) else 1
     per_device = int_in("TrainingArguments", "per_device_train_batch_size", fields["per_device_train_batch_size"],
                         *BATCH_SIZE_RANGE)
-    batch = per_device * step_facts(toggles, world).micro_batches * world
+    batch = per_device * plan_facts(toggles, world).micro_batches * world
     if batch > BATCH_SIZE_RANGE[1]:
         raise ConfigError(f"TrainingArguments.per_device_train_batch_size × gradient_accumulation_steps × processes is "
                           f"{batch:,} sequences a step; scalekit takes at most {BATCH_SIZE_RANGE[1]:,}")
@@ -191,7 +183,7 @@ def per_device_batch(cfg: Any, world: int) -> int | None:
     """The micro-batch one process takes: batch_size / (micro-batches × world); None when batch_size is not set."""
     if cfg.batch_size is None:
         return None
-    k = step_facts(cfg.toggles, world).micro_batches
+    k = plan_facts(cfg.toggles, world).micro_batches
     if cfg.batch_size % (k * world):
         raise ConfigError(f"export: RunConfig.batch_size={cfg.batch_size} must be divisible by grad_accum × "
                           f"world_size = {k} × {world}: the per-device batch is a whole number")
