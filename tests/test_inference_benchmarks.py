@@ -21,14 +21,14 @@ def run_benchmark(*args: str) -> str:
 
 @pytest.mark.slow
 def test_generate_vs_hf_compares_on_the_same_tokens():
-    out = run_benchmark("benchmarks/generate_vs_hf.py", "--new-tokens", "12", "--rounds", "1", "--batches", "1", "2",
+    out = run_benchmark("benchmarks/generate_vs_hf.py", "--new-tokens", "12", "--rounds", "1", "--batches", "2",
                         "--threads", "1")
     lines = out.strip().splitlines()
     assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
-    assert sum("same greedy tokens" in line for line in lines) == 2  # the script asserts they agree
+    assert sum("same greedy tokens" in line for line in lines) == 1  # the script asserts they agree
     # transformers' fast path (static cache, compiled forward) is measured beside its default, and the ratio is
     # against the faster of the two
-    assert all("transformers fast path" in line and "ratio" in line for line in lines[1:3])
+    assert "transformers fast path" in lines[1] and "ratio" in lines[1]
 
 
 @pytest.mark.slow
