@@ -86,7 +86,7 @@ class BuildContext:
     batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
     # -- model -----------------------------------------------------------------------------------------
     gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)
-    model_adapter: Any = None  # the model's family (ModelAdapter): how toggles change it; in generation always set, it says how a decode step runs
+    model_adapter: Any = None  # the model's family (ModelAdapter): how toggles change it (generation: always set)
     base_model: torch.nn.Module | None = None  # the model as built, unwrapped: FLOPs, memory, checkpoints
     model: torch.nn.Module | None = None  # what the step calls: base_model under its wrappers
     blocks: torch.nn.Module | None = None  # the repeated blocks (models.blocks.find_blocks), or None
