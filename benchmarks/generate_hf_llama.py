@@ -57,8 +57,10 @@ def main() -> None:
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(model_config("llama", args.preset),
-                                                          attn_implementation="sdpa").eval()
+    # no end-of-sequence id: every side makes exactly the tokens asked for (with one, min_new_tokens would mask
+    # its logit on transformers' side only, and the greedy tokens could differ)
+    config = model_config("llama", args.preset, eos_token_id=None)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; "
           f"LlamaForCausalLM ({args.preset}: {sum(p.numel() for p in model.parameters()):,} parameters); scalekit: "
           f"{' + '.join(BEST)}; transformers: generate() and its fast path (static cache, forward compiled)")

@@ -42,12 +42,17 @@ def models():
 
 
 def hf_generate(model, prompts, n: int) -> list[list[int]]:
-    """transformers' own greedy generate(), EOS off so that it makes exactly n tokens."""
+    """transformers' own greedy generate(), with no end-of-sequence id, so that it makes exactly n tokens (no
+    min_new_tokens: that would suppress the EOS id's logit, which scalekit's greedy steps do not)."""
     ids = torch.tensor(prompts)
-    config = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
-                                           pad_token_id=0)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    config = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0)
+    eos, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, eos_token_id=None)
+    finally:
+        model.generation_config.eos_token_id = eos
+    assert out.shape[1] == ids.shape[1] + n
     return out[:, ids.shape[1]:].tolist()
 
 
@@ -67,7 +72,7 @@ def test_hf_greedy_tokens_are_the_same_with_every_cache_and_equal_generate(model
     assert runs["none"].kv_cache_bytes == 0
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
 def test_hf_batched_prompts_of_different_lengths_equal_each_prompt_alone(models, family):
     prompts = [[5, 9, 13, 2, 40, 7, 8, 3], [30, 1, 22]]
     for kind in ("dynamic", "static"):
@@ -281,3 +286,17 @@ def test_the_inference_ladder_skips_a_rung_the_models_family_cannot_take():
     results = inference_ladder(GenerateConfig(model=FastLM(), prompts=PROMPTS, max_new_tokens=4, **QUICK), rungs=rungs)
     assert [r.status for r in results] == ["ok", "skipped", "ok"]
     assert "keeps the static cache setup_caches allocates" in results[1].error
+
+
+@pytest.mark.parametrize("method", [m for m in __import__("scalekit.models.quantization", fromlist=["METHODS"]).METHODS])
+def test_every_quantize_method_runs_on_gpt2s_conv1d_layers_or_says_why_in_one_line(models, method):
+    from scalekit.toggles import TOGGLES
+
+    ok, why = TOGGLES["quantize"].choice_available(CPU, method)
+    if not ok:
+        assert "\n" not in why
+        pytest.skip(why)
+    r = generate(model=models["gpt2"], prompts=PROMPTS, max_new_tokens=3, toggles={"quantize": method}, hw=CPU,
+                 catch_errors=True, **QUICK)
+    assert r.status == "ok", r.error
+    assert r.weight_bytes < r.weight_bytes_before and "8 linear layers" in " ".join(r.notes)
