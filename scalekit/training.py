@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.data import IterableDataset
 
 from . import distributed, hardware
 from .config import RunConfig
@@ -127,6 +128,9 @@ def make_batches(ctx: BuildContext) -> Iterator:
     if cfg.batch_fn is not None:
         return (cfg.batch_fn(cfg.batch_size, device) for _ in iter(int, 1))
     if cfg.dataset is not None:  # your Dataset, through the DataLoader the data toggles configure
+        if isinstance(cfg.dataset, IterableDataset) and ctx.loader_kwargs.get("num_workers"):
+            ctx.notes.append("an iterable dataset with workers: each worker runs the whole iterator unless the "
+                             "dataset splits itself by torch.utils.data.get_worker_info()")
         loader = dataset_loader(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn, **ctx.loader_kwargs)
         return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
     adapter = ctx.model_adapter

@@ -130,6 +130,9 @@ def test_the_toggles_that_cannot_act_on_your_data_say_why():
 def test_an_iterable_dataset_runs_pass_after_pass():
     result = run(own(dataset=Stream(), steps=5, batch_size=4, tokens_per_sample=8))
     assert result.status == "ok" and result.batches_fetched == 5  # 3 batches a pass: a second pass began
+    with_workers = run(own(dataset=Stream(), steps=2, batch_size=4, tokens_per_sample=8,
+                           toggles={"dataloader_num_workers": 1}))
+    assert with_workers.status == "ok" and any("get_worker_info" in n for n in with_workers.notes)
 
 
 def children() -> set[int]:
