@@ -20,7 +20,7 @@ from ..inference import GenerateConfig, generate
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import Deadline, Measurement, SearchSpace, search
+from .search import Deadline, Measurement, SearchSpace, run_samples, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
 
@@ -39,17 +39,19 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
                        f"positions, below min_agreement={min_agreement:.0%} (perplexity {r.perplexity:.3f} against "
                        f"{r.reference_perplexity:.3f})")
         step_ms = r.decode_ms.median if r.decode_ms else None
-        return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
+        return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused,
+                           samples=run_samples(r.token_ms, r.decode_tokens_per_s))
 
-    changes = [(label, toggles) for label, toggles, _ in declared_changes("generate", hw)]
-    return SearchSpace(changes=changes, available=lambda name: TOGGLES[name].available(hw),
-                       conflicts=config_conflicts(base), planned_peak=lambda cfg: None, measure=measure,
-                       choice_available=choice_available)
+    declared = declared_changes("generate", hw)
+    return SearchSpace(changes=[(label, toggles) for label, toggles, _ in declared],
+                       available=lambda name: TOGGLES[name].available(hw), conflicts=config_conflicts(base),
+                       planned_peak=lambda cfg: None, measure=measure, choice_available=choice_available,
+                       uninterruptible=frozenset(label for label, _, tune in declared if tune.uninterruptible))
 
 
 def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
                         run_tokens: int = 10_000, min_agreement: float = MIN_AGREEMENT, max_new_tokens: int = 64,
-                        stop=None, on_candidate=None, hw=None):
+                        stop=None, on_candidate=None, hw=None, on_note=None):
     """The fastest generation configuration found for `config` (see the module docstring).  Each candidate
     generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length."""
     check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
@@ -60,6 +62,7 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
     # quality is what guards the quantized and bf16 candidates: measured on every run
     base = dataclasses.replace(config, max_new_tokens=max_new_tokens, quality=True, label=None)
     found = search(base.resolve(hw), generation_space(base, hw, min_agreement, stop), budget_bytes=budget_bytes,
-                   time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate)
+                   time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate,
+                   on_note=on_note)
     best = dataclasses.replace(found.best, max_new_tokens=config.max_new_tokens, quality=config.quality, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_tokens)
