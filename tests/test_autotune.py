@@ -227,6 +227,29 @@ def test_the_time_budget_stops_the_search_cleanly_with_the_best_so_far():
     assert now[0] <= 12  # it did not start what would have ended past the budget
 
 
+def test_extra_rounds_leave_the_changes_still_to_come_their_time():
+    # bf16's runs wobble (+6%, -2% in turn) so its interval straddles 1.02×: left alone it would take all six
+    # rounds; with a 24 s budget (a run: 1 s) it stops at three, and the four clear changes after it still run
+    now = [0.0]
+    machine = Machine(speed={"bf16": 1.05, "sdpa": 2.0, "fused_adamw": 2.0, "compile": 2.0, "tf32": 2.0})
+    wobble = itertools.cycle((0.06, -0.02))
+    changes = [("bf16", {"bf16": True}), *CHANGES[1:], ("tf32", {"tf32": True})]
+    space = machine.space(changes)
+    real = space.measure
+
+    def measure(cfg):
+        now[0] += 1.0
+        m = real(cfg)
+        if list(cfg.toggles) == ["bf16"]:
+            m.tokens_per_s *= 1 + next(wobble)
+        return m
+
+    result = search(START, dataclasses.replace(space, measure=measure), time_budget_s=24, clock=lambda: now[0])
+    c = by_label(result)
+    assert MIN_ROUNDS < c["bf16"].rounds < MAX_ROUNDS and "no room for more rounds" in c["bf16"].reason
+    assert all(c[label].accepted for label in ("sdpa", "fused", "compile", "tf32")) and now[0] <= 24
+
+
 def test_a_compile_is_budgeted_from_the_first_one_and_said_before_the_search_starts():
     now, notes = [0.0], []
     machine = Machine(speed={"compile": 1.5, "bf16": 1.2})

@@ -160,6 +160,7 @@ class Budget:
         self.t0 = clock() if started is None else started
         self.last_s: dict[Any, float] = {}  # configuration -> how long its last measurement took
         self.one_off_s = 0.0  # the largest uninterruptible cost (compilation) seen so far
+        self.reserve_s = 0.0  # time kept for the candidates still to come: extra rounds may not spend it
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
@@ -210,10 +211,13 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
         yield from ((f"batch_size={b}", {"batch_size": b}) for b in space.batch_sizes(result.best, budget_bytes))
 
     left_out = 0  # candidates not tried because their rounds would have ended past the budget
-    for label, change in attempts():
+    for i, (label, change) in enumerate(attempts()):
         if _out_of_time(result, budget, stop, 0.0):
             break
         candidate = _candidate(result.best, label, change)
+        # rounds beyond the first MIN_ROUNDS leave the changes still to come time for theirs
+        budget.reserve_s = max(0, len(space.changes) - i - 1) * MIN_ROUNDS * 2 * \
+            budget.expected_s(result.best, result.best, False)
         left_out += _try(candidate, label, space, result, budget, stop, budget_bytes, run_steps)
         result.candidates.append(candidate)
         if on_candidate is not None:
@@ -335,6 +339,8 @@ def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Bud
     while len(mine) < MAX_ROUNDS:
         pair = (best, cfg) if len(mine) % 2 == 0 else (cfg, best)  # alternate who goes first
         pair_s = sum(budget.expected_s(x, best, uninterruptible and x is cfg) for x in pair)
+        if len(mine) >= MIN_ROUNDS:
+            pair_s += budget.reserve_s  # an extra round leaves the changes still to come their rounds
         if stopped() or (mine and not budget.fits(pair_s)):
             break
         a = budget.measure(space, pair[0])
@@ -392,7 +398,8 @@ def _judge(c: Candidate, cfg, mine: list[Measurement], theirs: list[Measurement]
     figures = f"{iv.estimate:.3f}× ({iv.low:.3f}–{iv.high:.3f}× at {100 * iv.level:.0f}%, {iv.rounds} rounds)"
     if iv.low <= bar:
         word = "slower" if iv.high < 1 else "too small a gain" if iv.high < bar else "within noise"
-        cut = "" if _decided(iv) or iv.rounds >= MAX_ROUNDS else " (the time budget left no room for more rounds)"
+        cut = "" if _decided(iv) or iv.rounds >= MAX_ROUNDS else \
+            " (the time budget left no room for more rounds beside the changes still to try)"
         if word == "within noise" and iv.estimate <= bar:
             cut = " (its estimate is not above that: more rounds would not make it a gain worth having)"
         c.reason = f"{word}: {figures}; kept only above {bar:.2f}×{cut}"

@@ -84,6 +84,8 @@ class GenerateResult:
     @property
     def typical_decode_ms(self) -> float | None:
         """The median decode step; with repeats, the geometric mean of the rounds' medians."""
+        if not self.rounds:
+            return self.decode_ms.median if self.decode_ms and self.decode_ms.n else None
         rounds = [r for r in self.timing_rounds() if r]
         return geometric_mean([statistics.median(r) for r in rounds]) if rounds else None
 

@@ -104,7 +104,7 @@ class RunResult:
     def median_step_ms(self) -> float | None:
         """The median step time; with repeats, the geometric mean of the rounds' medians (so that two rows'
         ratio is their paired speed-up's estimate)."""
-        if not self.step_ms or not self.step_ms.n:
+        if not self.step_ms or not self.step_ms.n or not self.rounds:
             return self.step_ms.median if self.step_ms else None
         return geometric_mean([statistics.median(r) for r in self.timing_rounds()])
 

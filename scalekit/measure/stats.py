@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 LEVEL = 0.95  # two-sided confidence level of every interval shown
 MAX_BATCHES = 8  # contiguous batches a run's steps are cut into for its own variance
-MIN_BATCH_STEPS = 2  # steps per batch at least: a run needs 2 × this many measured steps for batches
+MIN_BATCH_STEPS = 3  # steps per batch at least: a median of 3 or more varies as the run's median does, per step
 
 
 @dataclass(frozen=True)
