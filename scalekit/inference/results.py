@@ -151,9 +151,9 @@ def generation_speedup(base: GenerateResult, r: GenerateResult) -> tuple[Interva
     if not (base.finished and r.finished):
         return None, ""
     why = not_like_for_like(base, r)
-    if not why and (base.new_tokens != r.new_tokens or base.prompt_tokens != r.prompt_tokens):
+    if not why and (base.new_tokens != r.new_tokens or max(base.prompt_tokens) != max(r.prompt_tokens)):
         what = f"{r.new_tokens} against {base.new_tokens} new tokens" if base.new_tokens != r.new_tokens else \
-            f"prompts of {r.prompt_tokens} against {base.prompt_tokens} tokens"
+            f"prompts of {max(r.prompt_tokens)} against {max(base.prompt_tokens)} tokens"
         why = f"not compared: {what} (a decode step's time grows with the sequence: generate the same length)"
     if why:
         return None, why
