@@ -25,7 +25,7 @@ def measured_run(result, device_type: str, catch_errors: bool, must_raise: Calla
     meter = LoadMeter(device_type)
     try:
         with contextlib.ExitStack() as stack:
-            _pin_threads(stack, threads)
+            pin_threads(stack, threads)
             result.threads = torch.get_num_threads()
             yield stack
     except Exception as exc:
@@ -39,7 +39,7 @@ def measured_run(result, device_type: str, catch_errors: bool, must_raise: Calla
             torch.cuda.empty_cache()
 
 
-def _pin_threads(stack: contextlib.ExitStack, threads: int | None) -> None:
+def pin_threads(stack: contextlib.ExitStack, threads: int | None) -> None:
     """Set torch's threads for the run; the first callback on the stack, so restored after everything else."""
     if threads is None and in_launched_rank():
         return

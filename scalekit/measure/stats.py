@@ -81,7 +81,7 @@ def sentence(subject: str, interval: Interval | None, other: str) -> str:
     """The finding in words, so a chapter's prose cannot contradict its table: 'LoRA is faster than full
     fine-tuning: 1.32× (1.21–1.44× at 95%)', '... slower than ...', or '... within noise of ...'."""
     if interval is None:
-        return f"{subject} and {other} were not compared (one of them did not measure)"
+        return f"{subject} and {other} were not compared"
     pct = f"{100 * interval.level:.0f}%"
     figures = f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {pct}"
     figures += ", one run each)" if interval.method == "one run each" else f", {interval.rounds} rounds)"
