@@ -216,7 +216,7 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
             break
         candidate = _candidate(result.best, label, change)
         # rounds beyond the first MIN_ROUNDS leave the changes still to come time for theirs
-        budget.reserve_s = max(0, len(space.changes) - i - 1) * MIN_ROUNDS * 2 * \
+        budget.reserve_s = _likely_measured(space, space.changes[i + 1:]) * MIN_ROUNDS * 2 * \
             budget.expected_s(result.best, result.best, False)
         left_out += _try(candidate, label, space, result, budget, stop, budget_bytes, run_steps)
         result.candidates.append(candidate)
@@ -231,6 +231,16 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
         raise NothingFits(f"no configuration tried fits {budget_bytes / 2**20:.1f} MiB: the best measured peak is "
                           f"{result.best_peak_bytes / 2**20:.1f} MiB", result)
     return result
+
+
+def _likely_measured(space: SearchSpace, changes) -> int:
+    """How many of `changes` will be measured, as far as can be told without the best they will meet: the
+    memory levers and what cannot run here are not."""
+    def runs(name, value) -> bool:
+        return (space.available(name) if space.choice_available is None else space.choice_available(name, value))[0]
+
+    return sum(label not in space.memory_only and all(runs(n, v) for n, v in change.items() if v is not False)
+               for label, change in changes)
 
 
 def _say_uninterruptible(result: Search, space: SearchSpace, time_budget_s: float, on_note) -> None:
