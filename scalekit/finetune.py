@@ -15,7 +15,7 @@ from .config import RunConfig
 from .engine import run
 from .hardware import cuda_gpu_present, detect
 from .measure.results import RunResult
-from .rounds import check_repeats, repeat_rows
+from .rounds import check_repeats, repeat_rows, timing_only
 from .toggles import TOGGLES
 
 PRESET = "shakespeare-char"
@@ -66,7 +66,8 @@ def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_stat
             on_result(result)
         if result.status == "stopped":
             break
-    repeat_rows(results, lambda i: run(configs[i], on_status=on_status, stop=stop, hw=hw, catch_errors=True),
+    repeat_rows(results, lambda i: run(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                           catch_errors=True),
                 repeats, stop=stop, on_status=on_status)
     return results
 

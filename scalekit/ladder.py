@@ -17,7 +17,7 @@ from .finetune import finetune_ladder
 from .hardware import detect
 from .inference.ladder import inference_ladder
 from .measure.results import RunResult
-from .rounds import check_repeats, repeat_rows
+from .rounds import check_repeats, repeat_rows, timing_only
 from .toggles import TOGGLES
 
 LADDER = ("tf32", "bf16", "compile", "sdpa", "nice_numbers", "fused_adamw")
@@ -60,7 +60,8 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
         keep(result, cfg)
         if result.status == "stopped":
             break  # Stop, or Ctrl-C: the rungs above are not climbed
-    repeat_rows(results, lambda i: run(configs[i], on_status=on_status, stop=stop, hw=hw, catch_errors=True),
+    repeat_rows(results, lambda i: run(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                           catch_errors=True),
                 repeats, stop=stop, on_status=on_status)
     return results
 

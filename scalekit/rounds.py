@@ -13,11 +13,21 @@ configurations this way.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from .errors import ConfigError
 
 MAX_REPEATS = 100
+
+
+def timing_only(cfg):
+    """`cfg` for a later round, whose steps are all it is measured for: no memory probe (an extra, untimed
+    step or generation) and, for a generation, no quality measures (after the timed tokens)."""
+    fields = {"measure_memory": False}
+    if hasattr(cfg, "quality"):
+        fields["quality"] = False
+    return dataclasses.replace(cfg, **fields)
 
 
 def check_repeats(where: str, repeats) -> int:

@@ -12,7 +12,7 @@ from .engine import run
 from .errors import ConfigError
 from .inference import GenerateConfig, GenerateResult, compare_generations, generate
 from .measure.results import compare as compare_runs
-from .rounds import check_repeats, repeat_rows
+from .rounds import check_repeats, repeat_rows, timing_only
 
 
 def measure_rounds(configs: Sequence, repeats: int = 3, stop=None, on_status=None) -> list:
@@ -25,7 +25,7 @@ def measure_rounds(configs: Sequence, repeats: int = 3, stop=None, on_status=Non
         return how(cfg, stop=stop, on_status=on_status, catch_errors=True)
 
     results = [measure(cfg) for cfg in configs]
-    repeat_rows(results, lambda i: measure(configs[i]), repeats, stop=stop, on_status=on_status)
+    repeat_rows(results, lambda i: measure(timing_only(configs[i])), repeats, stop=stop, on_status=on_status)
     return results
 
 

@@ -19,6 +19,7 @@ from ..errors import ConfigError, PlanUnavailable
 from ..families import model_adapter
 from ..hardware import detect
 from ..plan import estimate
+from ..rounds import timing_only
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
@@ -30,6 +31,7 @@ from .search import (
     Deadline,
     Measurement,
     SearchSpace,
+    config_key,
     run_samples,
     search,
 )
@@ -88,11 +90,16 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
         except PlanUnavailable:
             return None
 
+    peaks: dict = {}  # configuration -> its peak bytes, from its first measurement
+
     def measure(cfg: RunConfig) -> Measurement:
-        r = run(cfg, stop=stop, hw=hw, catch_errors=True)
+        key = config_key(cfg)
+        r = run(timing_only(cfg) if key in peaks else cfg, stop=stop, hw=hw, catch_errors=True)
         if r.status not in ("ok", "stopped") or not r.tokens_per_s:
             return Measurement(0.0, None, failed=r.error or r.status)
-        return Measurement(r.tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, r.median_step_ms,
+        if r.status == "ok" and key not in peaks:  # the memory probe (an extra step on a CPU) once is enough
+            peaks[key] = r.peak_mem_bytes
+        return Measurement(r.tokens_per_s, peaks.get(key, r.peak_mem_bytes), r.compile_s or 0.0, r.median_step_ms,
                            samples=run_samples(r.timing_rounds()[0], r.tokens_per_s))
 
     return SearchSpace(changes=changes, available=available, conflicts=config_conflicts(base),

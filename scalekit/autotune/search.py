@@ -172,18 +172,19 @@ class Budget:
         t = self.clock()
         m = space.measure(cfg)
         m.wall_s = self.clock() - t
-        self.last_s[_key(cfg)] = m.wall_s
+        self.last_s[config_key(cfg)] = m.wall_s
         self.one_off_s = max(self.one_off_s, m.compile_s or 0.0)
         return m
 
     def expected_s(self, cfg, like, uninterruptible: bool) -> float:
         """What measuring `cfg` should take: its own last run, else `like`'s plus the one-off cost it adds."""
-        if _key(cfg) in self.last_s:
-            return self.last_s[_key(cfg)]
-        return self.last_s.get(_key(like), 0.0) + (self.one_off_s if uninterruptible else 0.0)
+        if config_key(cfg) in self.last_s:
+            return self.last_s[config_key(cfg)]
+        return self.last_s.get(config_key(like), 0.0) + (self.one_off_s if uninterruptible else 0.0)
 
 
-def _key(cfg) -> tuple:
+def config_key(cfg) -> tuple:
+    """One configuration's identity in a search: its toggles and batch."""
     return tuple(sorted((k, str(v)) for k, v in cfg.toggles.items())), getattr(cfg, "batch_size", None)
 
 

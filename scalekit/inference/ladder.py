@@ -15,7 +15,7 @@ import dataclasses
 from ..config import RunConfig
 from ..hardware import detect
 from ..models.quantization import INT4_METHODS, INT8_METHODS
-from ..rounds import check_repeats, repeat_rows
+from ..rounds import check_repeats, repeat_rows, timing_only
 from ..toggles import TOGGLES
 from .config import GenerateConfig
 from .engine import generate
@@ -85,7 +85,8 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
         if result.status not in ("failed",):
             on.update(toggles)  # climbed: the rungs above keep it
         keep(result, cfg)
-    repeat_rows(results, lambda i: generate(configs[i], on_status=on_status, stop=stop, hw=hw, catch_errors=True),
+    repeat_rows(results, lambda i: generate(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                                catch_errors=True),
                 repeats, stop=stop, on_status=on_status)
     return results
 

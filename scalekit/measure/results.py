@@ -218,9 +218,10 @@ def not_like_for_like(base, r) -> str:
     """Why two results (training or generation) cannot be compared as they are, or ''."""
     if base.device and r.device and base.device != r.device:
         return f"not compared: measured on {r.device} and {base.device}"
-    if base.threads and r.threads and base.threads != r.threads:
-        return (f"not compared: {r.threads} against {base.threads} threads (give every run the same "
-                f"threads=)")
+    # threads over all of a run's processes: two ranks of one thread use the cores one process of two does
+    a, b = (x.threads * getattr(x, "world_size", 1) if x.threads else None for x in (base, r))
+    if a and b and a != b:
+        return f"not compared: {b} against {a} threads (give every run the same threads=)"
     return ""
 
 
