@@ -137,7 +137,9 @@ def _toggle_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002
     p.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]", help=help)
 
 
-DEFAULT_REPEATS = 3  # the fewest paired rounds whose interval (Student's t, 2 degrees of freedom) can decide
+# paired rounds per row: on a shared 2-core machine 3 rounds found an injected 1.3x slowdown in 14 of 20
+# comparisons and 5 in 18 of 20 with a busy loop beside them (benchmarks/aa_noise.py); no false claim at either
+DEFAULT_REPEATS = 5
 
 
 def _measure_commands(sub) -> None:

@@ -62,7 +62,7 @@ def measurement_footer(results) -> list[str]:
     threads = sorted({r.threads for r in measured if r.threads})
     lines = [f"intervals: {rounds} paired rounds in alternating order, Student's t over the rounds" if rounds > 1
              else "intervals: one run each, from the steps' own spread: they cannot see the machine change between "
-                  "runs (--repeats 3 measures that)"] if len(measured) > 1 else [""]
+                  "runs (--repeats 5 measures that)"] if len(measured) > 1 else [""]
     lines[0] += f"; {'/'.join(map(str, threads))} thread(s)" if threads else ""
     lines = [line.lstrip("; ") for line in lines if line]
     busy = [r.label for r in measured if r.busy_note]
