@@ -228,6 +228,7 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
     if left_out and not result.stopped:
         result.stopped = f"time budget ({time_budget_s:g} s): {left_out} candidate(s) not tried"
     result.elapsed_s = budget.elapsed()
+    _say_overrun(result, space, time_budget_s)
     if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
         raise NothingFits(f"no configuration tried fits {budget_bytes / 2**20:.1f} MiB: the best measured peak is "
                           f"{result.best_peak_bytes / 2**20:.1f} MiB", result)
@@ -253,6 +254,19 @@ def _say_uninterruptible(result: Search, space: SearchSpace, time_budget_s: floa
     result.notes.append(note)
     if on_note is not None:
         on_note(note)
+
+
+def _say_overrun(result: Search, space: SearchSpace, time_budget_s: float) -> None:
+    """A search that ended past its budget says by how much, and what ran on (a compilation under way)."""
+    over_s = result.elapsed_s - time_budget_s
+    if over_s <= 0:
+        return
+    last = result.candidates[-1].label if result.candidates else ""
+    why = f"{last}'s compilation, which cannot be stopped part-way, ran on" if last in space.uninterruptible else \
+        "the run under way finished its step and its clean-up"
+    result.notes.append(f"ended {over_s:.0f} s past the {time_budget_s:g} s budget: {why}")
+    result.stopped = f"{result.stopped}; " if result.stopped else ""
+    result.stopped += f"ended {over_s:.0f} s past the budget ({why})"
 
 
 def _try(c: Candidate, label: str, space: SearchSpace, result: Search, budget: Budget, stop, budget_bytes,
