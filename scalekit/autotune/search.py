@@ -5,11 +5,12 @@ practitioner would (what each toggle is for: precision, kernels, shapes, the opt
 data pipeline, then batch size); drop a candidate that cannot run here, cannot go with what is already on,
 or that the planner says cannot fit the memory budget, before spending any time on it; measure every other
 candidate against the current best side by side, in paired rounds whose order alternates (best first, then
-the candidate first, ...).  After each round from the second on, the speed-up's confidence interval
+the candidate first, ...).  After MIN_ROUNDS rounds, the speed-up's confidence interval
 (scalekit.measure.stats) decides: kept when its whole interval is above 1 + MIN_GAIN, dropped when it is
-below, or when the estimate itself is not above it; otherwise one more round, up to MAX_ROUNDS, while the
-time budget allows.  Each look is at LOOK_LEVEL, so that over all of a candidate's looks a change that does
-nothing is kept in at most 1 - LEVEL of searches (Bonferroni).  One-off costs (compile time) are weighed
+below, or when the estimate itself is not above it; otherwise the rounds go on to MAX_ROUNDS, time budget
+allowing, and decide there.  Two looks (Bonferroni: each at LOOK_LEVEL), so that a change that does nothing
+is kept in at most 1 - LEVEL of searches; two rounds alone never decide (Student's t with one degree of
+freedom is too wide to), which is why the first look waits for three.  One-off costs (compile time) are weighed
 against the length of the real run the user plans.
 
 The time budget is kept: a measurement is started only when what this machine has shown such a run to cost
@@ -31,9 +32,9 @@ from ..errors import NothingFits
 from ..measure.stats import LEVEL, Interval, product, speedup_interval
 
 MIN_GAIN = 0.02  # a change must be at least 2% faster to be kept, whatever the noise
-MIN_ROUNDS = 2  # paired rounds before the first look: best then candidate, then candidate then best
-MAX_ROUNDS = 6  # rounds at most, for a candidate whose interval still straddles 1 + MIN_GAIN
-LOOK_LEVEL = 1 - (1 - LEVEL) / (MAX_ROUNDS - MIN_ROUNDS + 1)  # each look's level: 95% over all the looks
+MIN_ROUNDS = 3  # paired rounds before the first look (best first, candidate first, best first)
+MAX_ROUNDS = 6  # the second and last look, for a candidate whose interval still straddled 1 + MIN_GAIN
+LOOK_LEVEL = 1 - (1 - LEVEL) / 2  # each of the two looks' level: 95% over both
 DEADLINE_MARGIN = 0.05  # a measurement under way is stopped this share of the time budget before its end
 
 
@@ -382,8 +383,8 @@ def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Bud
         mine.append(cand)
         theirs.append(base)
         c.interval = speedup_interval([_samples(m) for m in theirs], [_samples(m) for m in mine], LOOK_LEVEL)
-        if _over(cand, budget_bytes) or (len(mine) >= MIN_ROUNDS and _decided(c.interval)):
-            break
+        if _over(cand, budget_bytes) or (len(mine) == MIN_ROUNDS and _decided(c.interval)):
+            break  # (a budget that ends the rounds between the looks makes that round the second look)
     return _judge(c, cfg, mine, theirs, result, budget_bytes, run_steps)
 
 
