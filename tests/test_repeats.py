@@ -38,12 +38,15 @@ def test_the_ladder_repeats_its_rows_in_alternating_order(monkeypatch, no_collec
     order, real = [], scalekit.ladder.run
 
     def recording(cfg, **kwargs):
-        order.append(cfg.label)
+        order.append((cfg.label, cfg.measure_memory))
         return real(cfg, **kwargs)
 
     monkeypatch.setattr(scalekit.ladder, "run", recording)
-    rows = scalekit.ladder.ladder(RunConfig(**QUICK), rungs=("tf32", "fused_adamw"), repeats=3)
-    assert order == ["baseline", "+ fused_adamw", "+ fused_adamw", "baseline", "baseline", "+ fused_adamw"]
+    rows = scalekit.ladder.ladder(RunConfig(**{**QUICK, "measure_memory": True}), rungs=("tf32", "fused_adamw"),
+                                  repeats=3)
+    assert [label for label, _ in order] == ["baseline", "+ fused_adamw", "+ fused_adamw", "baseline", "baseline",
+                                             "+ fused_adamw"]
+    assert [probed for _, probed in order] == [True, True, False, False, False, False]  # later rounds: timed only
     assert rows[1].status == "skipped" and not rows[1].rounds  # tf32: not on a CPU, not repeated
     assert [len(r.timing_rounds()) for r in (rows[0], rows[2])] == [3, 3]
     assert all(len(r) == 4 for r in rows[2].timing_rounds())
