@@ -55,6 +55,7 @@ def test_one_run_each_cannot_see_drift_between_runs_and_says_so():
     assert interval.method == "one run each" and interval.rounds == 1
     assert "one run each" in sentence("B", interval, "A")
     assert speedup_interval([[10.0, 11.0]], [[9.0]]) is None  # too few steps for a run's own spread: no interval
+    assert stats.too_few_steps([[10.0, 11.0]], [[9.0]]).startswith("no interval: 1 measured step(s)")
 
 
 def test_rounds_that_agree_by_chance_still_carry_the_runs_own_noise():

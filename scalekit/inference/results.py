@@ -10,7 +10,7 @@ from typing import Any
 
 from ..measure.load import MachineLoad, busiest
 from ..measure.results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
-from ..measure.stats import Interval, speedup_interval, verdict
+from ..measure.stats import Interval, speedup_interval, too_few_steps, verdict
 from ..measure.timing import Spread
 
 
@@ -158,7 +158,9 @@ def generation_speedup(base: GenerateResult, r: GenerateResult) -> tuple[Interva
     if why:
         return None, why
     interval = speedup_interval(base.timing_rounds(), r.timing_rounds())
-    if interval is None or base.batch_size == r.batch_size:
+    if interval is None:
+        return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
+    if base.batch_size == r.batch_size:
         return interval, ""
     return interval.scaled(r.batch_size / base.batch_size), \
         f"per token: a batch of {r.batch_size} against {base.batch_size} prompts"

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..files import write_atomic
 from .load import MachineLoad, busiest
-from .stats import Interval, speedup_interval, verdict
+from .stats import Interval, speedup_interval, too_few_steps, verdict
 from .timing import Spread
 
 # ok: every step ran; stopped: Stop or Ctrl-C ended it early (what it measured is kept); diverged: the loss
@@ -208,7 +208,9 @@ def speedup_over(base: RunResult, r: RunResult, statistic=statistics.median) -> 
     if why:
         return None, why
     interval = speedup_interval(base.timing_rounds(), r.timing_rounds(), statistic=statistic)
-    if interval is None or base.work_per_step == r.work_per_step:
+    if interval is None:
+        return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
+    if base.work_per_step == r.work_per_step:
         return interval, ""
     scaled = interval.scaled(r.work_per_step / base.work_per_step)  # per token: time per step ÷ tokens per step
     return scaled, f"per token: {r.work_per_step:,.0f} against {base.work_per_step:,.0f} tokens per step"

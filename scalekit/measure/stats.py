@@ -131,6 +131,17 @@ def product(intervals: Sequence[Interval], level: float = LEVEL) -> Interval | N
                      min(iv.rounds for iv in intervals), intervals[0].method)
 
 
+def too_few_steps(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]]) -> str:
+    """Why speedup_interval gave no interval for runs measured once each, or ''."""
+    if len(base_rounds) > 1 and len(rounds) > 1:
+        return ""
+    fewest = min(len(r) for r in (*base_rounds[:1], *rounds[:1]))
+    if fewest >= 2 * MIN_BATCH_STEPS:
+        return ""
+    return (f"no interval: {fewest} measured step(s) in one run each is too few to tell noise from a change "
+            f"(measure {2 * MIN_BATCH_STEPS} or more, or in rounds: repeats=3)")
+
+
 def run_log_variance(samples: Sequence[float], statistic: Callable = statistics.median) -> tuple[float, int] | None:
     """(variance of the log of the run's figure, its degrees of freedom) by batch means, or None when the run
     has fewer than 2 × MIN_BATCH_STEPS steps."""
