@@ -98,8 +98,8 @@ class RunConfig:
     """With eval_every: tokens of a greedy sample each evaluation writes (built-in GPT on the shipped corpus)."""
     threads: int | None = None
     """torch's intra-op threads for the run, restored after it (None: the cores other processes are not already
-    using, at least one, decided once per process so every row of a comparison gets the same; a launched rank
-    keeps its launcher's)."""
+    using, at least one and at most torch's own setting, decided once per process so every row of a comparison
+    gets the same; a launched rank keeps its launcher's)."""
 
     def __post_init__(self) -> None:
         self.toggles = normalise(self.toggles)

@@ -84,7 +84,12 @@ def test_threads_are_pinned_for_the_run_recorded_and_restored(no_collection):
                         batch_fn=lambda b, d: torch.ones(b, 1), loss_fn=lambda m, b: 1 / 0)
     assert scalekit.run(failing, catch_errors=True).status == "failed" and torch.get_num_threads() == before
     auto = scalekit.run(RunConfig(**QUICK))
-    assert auto.threads == load.auto_threads() >= 1  # None: decided once per process, the same for every row
+    assert auto.threads == min(load.auto_threads(), before) >= 1  # None: decided once per process, for every row
+    torch.set_num_threads(1)  # a caller's own setting is the most None takes
+    try:
+        assert scalekit.run(RunConfig(**QUICK)).threads == 1
+    finally:
+        torch.set_num_threads(before)
     with pytest.raises(ConfigError, match="RunConfig.threads must be a positive integer"):
         RunConfig(threads=0)
     with pytest.raises(ConfigError, match="GenerateConfig.threads must be a positive integer"):

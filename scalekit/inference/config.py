@@ -60,7 +60,7 @@ class GenerateConfig:
     """Name of the run in tables and plots (None: made from the toggles)."""
     threads: int | None = None
     """torch's intra-op threads for the generation, restored after it (None: the cores other processes are not
-    already using, at least one, decided once per process)."""
+    already using, at least one and at most torch's own setting, decided once per process)."""
 
     def __post_init__(self) -> None:
         self.toggles = normalise(self.toggles, "GenerateConfig", loop="generate")

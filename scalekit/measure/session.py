@@ -20,8 +20,8 @@ def measured_run(result, device_type: str, catch_errors: bool, must_raise: Calla
     """The run's exit stack (process-wide changes and wrappers register their undo on it).  An exception ends
     the run; with `catch_errors` it is kept in `result` (status "failed", the error in plain words) unless
     `must_raise()` says the failure has to travel on (a rank of a launch: the others would wait for it).
-    `threads`: torch's intra-op threads for the run (None: measure.load.auto_threads(); a launched rank keeps
-    what its launcher set); `result.threads` and `result.load` record what the run had."""
+    `threads`: torch's intra-op threads for the run (None: measure.load.auto_threads(), at most torch's own
+    setting; a launched rank keeps what its launcher set); `result.threads` and `result.load` record what the run had."""
     meter = LoadMeter(device_type)
     try:
         with contextlib.ExitStack() as stack:
@@ -44,7 +44,8 @@ def pin_threads(stack: contextlib.ExitStack, threads: int | None) -> None:
     if threads is None and in_launched_rank():
         return
     before = torch.get_num_threads()
-    wanted = threads if threads is not None else auto_threads()
+    # None: the free cores, never more than torch was set to (a caller's or OMP_NUM_THREADS's choice stands)
+    wanted = threads if threads is not None else min(auto_threads(), before)
     if wanted != before:
         torch.set_num_threads(wanted)
         stack.callback(torch.set_num_threads, before)
