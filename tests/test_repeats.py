@@ -156,3 +156,13 @@ def test_the_lab_says_why_runs_of_different_lengths_have_no_speed_up():
 
     frame = results_frame([(1, scripted_generation("a", [1.0] * 6, 20)), (2, scripted_generation("b", [1.2] * 6, 301))])
     assert "not compared: 301 against 20 new tokens" in results_html(frame)
+
+
+@pytest.mark.slow
+def test_the_aa_benchmark_runs_end_to_end_and_ends_with_its_count():
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/aa_noise.py", "--comparisons", "1", "--repeats", "2"],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last in ("false_claims=0/1", "false_claims=1/1"), proc.stdout[-2000:]
