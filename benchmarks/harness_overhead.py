@@ -6,10 +6,11 @@ whatever the first run of a pair leaves behind hit both sides alike; each round 
 median of the rounds' ratios is the figure (on a 2-core machine single rounds scatter by several percent).
 Throughput on both sides is wall-clock: tokens of the measured steps divided by the wall time of the
 measured loop, so everything the harness does between steps (timers, records, loss reads, stop checks) is
-inside scalekit's figure.  The last line is the worst ratio over the presets measured, as `ratio=0.99`
-(scalekit ÷ bare; ≥ 0.98 means the harness costs ≤ 2%).
+inside scalekit's figure.  Both sides compute on the same number of threads (scalekit's choice for this machine,
+or --threads), which the bare loop sets itself.  The last line is the worst ratio over the presets measured, as
+`ratio=0.99` (scalekit ÷ bare; ≥ 0.98 means the harness costs ≤ 2%).
 
-    python benchmarks/harness_overhead.py [--presets tiny medium] [--rounds N]
+    python benchmarks/harness_overhead.py [--presets tiny medium] [--rounds N] [--threads N]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from scalekit import RunConfig, run
 from scalekit.data import shakespeare_batches
+from scalekit.measure.load import auto_threads
 from scalekit.models import GPT, PRESETS
 
 SETTINGS = {  # steps per run and rounds: enough for a stable median on these CPUs without taking all day
@@ -67,7 +69,7 @@ def bare_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
 def scalekit_tokens_per_s(preset: str, steps: int, warmup_steps: int) -> float:
     gc.collect()
     cfg = RunConfig(preset=preset, steps=steps, warmup_steps=warmup_steps, log_every=LOG_EVERY, seed=SEED, lr=LR,
-                    device="cpu", data="shakespeare", measure_memory=False)
+                    device="cpu", data="shakespeare", measure_memory=False, threads=torch.get_num_threads())
     return run(cfg).tokens_per_s_wall
 
 
@@ -75,7 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "medium"], choices=list(SETTINGS))
     parser.add_argument("--rounds", type=int, default=None, help="rounds per preset (default: per preset)")
+    parser.add_argument("--threads", type=int, default=None, help="threads on both sides (default: scalekit's choice)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads or auto_threads())  # the bare loop's; scalekit's runs are given the same
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     worst = float("inf")
     for preset in args.presets:

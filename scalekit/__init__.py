@@ -11,8 +11,9 @@ from .hardware import detect
 from .inference.config import GenerateConfig
 from .inference.engine import generate
 from .inference.results import GenerateResult, compare_generations
-from .measure.results import RunResult, compare
+from .measure.results import RunResult
 from .plan import estimate
+from .side_by_side import compare
 from .toggles import TOGGLES
 
 __version__ = "0.1.0"

@@ -68,6 +68,15 @@ def check_label(owner: str, label: Any) -> None:
         raise ConfigError(f"{owner}.label must be None or a printable name of 1 to 200 characters, got {label!r}")
 
 
+MAX_THREADS = 4096
+
+
+def check_threads(owner: str, threads: Any) -> None:
+    """None (the cores not already busy) or a whole number of intra-op threads."""
+    if threads is not None:
+        int_in(owner, "threads", threads, 1, MAX_THREADS)
+
+
 def micro_batch_rows(batch_size: int, ranks: int = 1, micro_batches: int = 1) -> int:
     """The rows of one micro-batch on one rank: batch_size / ranks / micro_batches, refused (ConfigError) where
     the batch does not split evenly (every rank, planner and exporter asks this one question)."""

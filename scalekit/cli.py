@@ -15,6 +15,7 @@ from .files import check_writable
 from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
 from .measure.results import write_results_json
+from .rounds import check_repeats
 from .toggles import TOGGLES
 
 
@@ -48,6 +49,13 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-model", default=None, metavar="FAMILY",
                    help="a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
                         "scalekit's GPT (needs transformers)")
+    _threads_option(p)
+
+
+def _threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch's intra-op threads (default: the cores other processes are not already using, "
+                        "at least one)")
 
 
 def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
@@ -71,6 +79,7 @@ def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the unmeasured warm-up (default 8)")
+    _threads_option(p)
     p.add_argument("--no-quality", dest="quality", action="store_false",
                    help="skip perplexity and agreement on held-out text")
 
@@ -90,7 +99,7 @@ def _generate_config(args, toggles, ladder: bool = False):
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
         return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
                               device=args.device, seed=args.seed, toggles=toggles,
-                              quality_seq_len=args.quality_seq_len)
+                              quality_seq_len=args.quality_seq_len, threads=args.threads)
     if args.hf_model is not None:
         args.preset = args.model if args.model in PRESET_NAMES else "auto"
     model = _hf_model(args) or args.model or "shakespeare-char"
@@ -98,7 +107,7 @@ def _generate_config(args, toggles, ladder: bool = False):
     return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, seed=args.seed, toggles=toggles,
                           device=args.device, warmup_tokens=args.warmup_tokens, quality=args.quality,
-                          quality_seq_len=args.quality_seq_len)
+                          quality_seq_len=args.quality_seq_len, threads=args.threads)
 
 
 
@@ -107,7 +116,7 @@ def _config(args, toggles) -> RunConfig:
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
                      transform_rounds=args.transform_rounds, device=args.device, seed=args.seed,
                      peak_tflops=args.peak_tflops, check_memory=args.check_memory, init=args.init,
-                     model=_hf_model(args), **({"lr": args.lr} if getattr(args, "lr", None) is not None else {}))
+                     model=_hf_model(args), threads=args.threads, **({"lr": args.lr} if getattr(args, "lr", None) is not None else {}))
 
 
 def _hf_model(args):
@@ -145,6 +154,11 @@ def _toggle_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002
     p.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=MODE]", help=help)
 
 
+# paired rounds per row: on a shared 2-core machine 3 rounds found an injected 1.3x slowdown in 14 of 20
+# comparisons and 5 in 18 of 20 with a busy loop beside them (benchmarks/aa_noise.py); no false claim at either
+DEFAULT_REPEATS = 5
+
+
 def _measure_commands(sub) -> None:
     """ladder, bench and plan: measuring (or planning) training runs."""
     lad = sub.add_parser("ladder", help="baseline, then each optimization switched on cumulatively")
@@ -153,6 +167,9 @@ def _measure_commands(sub) -> None:
                           "finetune (chapter 09's) or inference (chapter 06's)")
     _run_options(lad)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
+    lad.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
+                     help=f"measure every row N times, the order alternating, so each speed-up's interval covers the "
+                          f"machine changing between runs (default {DEFAULT_REPEATS}; 1: one run each, quicker)")
     _generate_options(lad, ladder=True)
     bench = sub.add_parser("bench", help="measure one configuration")
     _run_options(bench)
@@ -208,11 +225,12 @@ def _tune_command(sub) -> None:
 GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",
                   "quality_seq_len": "--quality-seq-len",
                   "temperature": "--temperature", "top_k": "--top-k", "seed": "--seed", "device": "--device",
-                  "warmup_tokens": "--warmup-tokens", "toggles": "--toggle"}
+                  "warmup_tokens": "--warmup-tokens", "toggles": "--toggle", "threads": "--threads"}
 FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
          "log_every": "--log-every", "data": "--data", "transform_rounds": "--transform-rounds", "device": "--device",
          "seed": "--seed", "preset": "--preset", "peak_tflops": "--peak-tflops", "toggles": "--toggle",
-         "check_memory": "--no-memory-check", "init": "--init", "model": "--hf-model", "lr": "--lr"}
+         "check_memory": "--no-memory-check", "init": "--init", "model": "--hf-model", "lr": "--lr",
+         "threads": "--threads"}
 
 
 def flag_names(message: str) -> str:
@@ -251,8 +269,10 @@ def cmd_ladder(args, stop) -> int:
 
     base = _config(args, {}) if args.kind != "inference" else _generate_config(args, {}, ladder=True)
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
-    results = LADDERS[args.kind](base, on_status=_progress,
-                     on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
+    check_repeats("--repeats", args.repeats)
+    results = LADDERS[args.kind](base, on_status=_progress, on_result=lambda r: _progress(f"done: {r.label} "
+                                                                                          f"({r.status})"),
+                                 stop=stop, repeats=args.repeats)
     if args.kind == "inference":
         from .inference.report import generation_table  # generations have their own table
 
@@ -387,7 +407,7 @@ def cmd_tune(args, stop) -> int:
     try:
         sizes = {} if args.generate else {"steps": cfg.steps, "warmup_steps": cfg.warmup_steps}
         result = autotune(cfg, budget_bytes=budget, time_budget_s=args.time_budget_s, run_steps=args.run_steps,
-                          stop=stop, **sizes,
+                          stop=stop, **sizes, on_note=lambda text: _progress(f"note: {text}"),
                           on_candidate=lambda c, s: _progress(f"{c.label}: {'kept' if c.accepted else 'not kept'}"
                                                               f" — {c.reason}"))
     except NothingFits as exc:

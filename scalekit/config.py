@@ -10,7 +10,16 @@ from typing import Any
 
 import torch
 
-from .checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, check_device, check_label, int_in
+from .checks import (
+    BATCH_SIZE_RANGE,
+    LR_RANGE,
+    SEED_RANGE,
+    check_bool,
+    check_device,
+    check_label,
+    check_threads,
+    int_in,
+)
 from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
 from .errors import ConfigError, ToggleUnavailable
 from .families import model_adapter, toggle_family
@@ -93,6 +102,10 @@ class RunConfig:
     """Held-out batches each evaluation reads."""
     eval_new_tokens: int = 0
     """With eval_every: tokens of a greedy sample each evaluation writes (built-in GPT on the shipped corpus)."""
+    threads: int | None = None
+    """torch's intra-op threads for the run, restored after it (None: the cores other processes are not already
+    using, at least one and at most torch's own setting, decided once per process so every row of a comparison
+    gets the same; a launched rank keeps its launcher's)."""
 
     def __post_init__(self) -> None:
         self.toggles = normalise(self.toggles)
@@ -114,6 +127,7 @@ class RunConfig:
         for name in ("measure_memory", "check_memory"):
             check_bool("RunConfig", name, getattr(self, name))
         check_label("RunConfig", self.label)
+        check_threads("RunConfig", self.threads)
         self._validate_data()
         check_device("RunConfig", self.device)
         if self.peak_tflops is not None and (isinstance(self.peak_tflops, bool) or not isinstance(

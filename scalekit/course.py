@@ -1,4 +1,5 @@
-"""Small helpers the course notebooks share: pick sizes for the hardware, and Before/After tables."""
+"""Small helpers the course notebooks share: pick sizes for the hardware, Before/After tables, and the sentence
+that fits a measurement (so a chapter's prose never contradicts its table)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import inspect
 import textwrap
 
 from .hardware import cuda_gpu_present
-from .measure.results import RunResult, compare
+from .inference.results import GenerateResult, generation_speedup
+from .measure.results import RunResult, compare, speedup_over
+from .measure.stats import sentence
 from .toggles import TOGGLES
 
 
@@ -44,6 +47,16 @@ def before_after(results: list[RunResult], reference_ms: dict[str, float] | None
         df[col] = [reference_ms.get(r) for r in df["run"]]
         df["reference speedup"] = [base / v if base and v else None for v in df[col]]
     return df
+
+
+def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateResult) -> str:
+    """What `result` measured against `baseline`, in the words its interval allows: '<result> is faster than
+    <baseline>: 1.32× (1.21–1.44× at 95%, 3 rounds)', '... slower than ...', or '... within noise of ...'
+    (scalekit.measure.stats.sentence); runs that cannot be compared say why."""
+    speedup = generation_speedup if isinstance(result, GenerateResult) else speedup_over
+    interval, why = speedup(baseline, result)
+    text = sentence(result.label, interval, baseline.label)
+    return f"{text} ({why})" if why else text
 
 
 def show_code(what):

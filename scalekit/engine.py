@@ -61,9 +61,14 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
                        torch_version=torch.__version__, tokens_per_step=tokens_per_step(cfg))
     if unchecked:
         result.notes.append(unchecked)
+    if stop is not None and stop.is_set():  # stopped before it began (a time budget ran out): build nothing
+        result.status = "stopped"
+        result.notes.append("stopped before it started: nothing was measured")
+        return result
     group = None
     # a rank that carried on after a failure would wait forever for the others: it ends the launch
-    with measured_run(result, hw.device_type, catch_errors, must_raise=lambda: group is not None) as stack:
+    with measured_run(result, hw.device_type, catch_errors, must_raise=lambda: group is not None,
+                      threads=cfg.threads) as stack:
         # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
         if needs_process_group(cfg.toggles):
             group = distributed.setup(hw, stack, cfg.batch_size)

@@ -15,6 +15,7 @@ from .config import RunConfig
 from .engine import run
 from .hardware import cuda_gpu_present, detect
 from .measure.results import RunResult
+from .rounds import check_repeats, repeat_rows, timing_only
 from .toggles import TOGGLES
 
 PRESET = "shakespeare-char"
@@ -41,27 +42,33 @@ def finetune_config(**overrides) -> RunConfig:
 
 
 def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_status=None, on_result=None,
-                    stop=None) -> list[RunResult]:
+                    stop=None, repeats: int = 1) -> list[RunResult]:
     """Each fine-tuning method on the same model, data and steps; a rung this machine cannot run is skipped
     with the reason.  `base` (e.g. from the command line) gives steps, batch and the like; its preset, data
-    and starting weights are the fine-tuning ones unless it names its own."""
+    and starting weights are the fine-tuning ones unless it names its own.  `repeats`: each row measured that
+    many times, the order alternating (scalekit.rounds)."""
+    check_repeats("finetune_ladder(repeats=)", repeats)
     base = _finetune_base(base)
     hw = detect(base.device)
-    results = []
+    results, configs = [], []
     for label, toggles in rungs:
         if stop is not None and stop.is_set():
             break
         why = next((w for n in toggles if not (w := TOGGLES[n].available(hw))[0]), None)
-        if why is not None:
+        cfg = None if why is not None else dataclasses.replace(base, toggles={**base.toggles, **toggles}, label=label)
+        if cfg is None:
             result = RunResult(label=label, config={}, status="skipped", error=why[1], device=hw.device_name)
         else:
-            cfg = dataclasses.replace(base, toggles={**base.toggles, **toggles}, label=label)
             result = run(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
         results.append(result)
+        configs.append(cfg)
         if on_result:
             on_result(result)
         if result.status == "stopped":
             break
+    repeat_rows(results, lambda i: run(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                           catch_errors=True),
+                repeats, stop=stop, on_status=on_status)
     return results
 
 

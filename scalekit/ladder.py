@@ -17,20 +17,29 @@ from .finetune import finetune_ladder
 from .hardware import detect
 from .inference.ladder import inference_ladder
 from .measure.results import RunResult
+from .rounds import check_repeats, repeat_rows, timing_only
 from .toggles import TOGGLES
 
 LADDER = ("tf32", "bf16", "compile", "sdpa", "nice_numbers", "fused_adamw")
 
 
-def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_result=None, stop=None) -> list[RunResult]:
+def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_result=None, stop=None,
+           repeats: int = 1) -> list[RunResult]:
+    """The baseline, then each rung switched on cumulatively; with `repeats`, every row that measured is
+    measured that many times in all, the order alternating (scalekit.rounds), for intervals that cover the
+    machine changing between runs."""
+    check_repeats("ladder(repeats=)", repeats)
     base = base or RunConfig()
     hw = detect(base.device)
     results: list[RunResult] = []
+    configs: list[RunConfig | None] = []  # what each row ran, for its repeats
     on: dict = dict(base.toggles)
 
-    def measure(label: str) -> RunResult:
-        cfg = dataclasses.replace(base, toggles=dict(on), label=label)
-        return run(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
+    def keep(result: RunResult, cfg: RunConfig | None) -> None:
+        results.append(result)
+        configs.append(cfg)
+        if on_result:
+            on_result(result)
 
     # a rung is a toggle's name (switched on with True) or a (name, value) pair
     pairs = [rung if isinstance(rung, tuple) else (rung, True) for rung in rungs]
@@ -38,26 +47,31 @@ def ladder(base: RunConfig | None = None, rungs=LADDER, on_status=None, on_resul
     for label, name, value in rows:
         if stop is not None and stop.is_set():
             break
+        why = _unavailable(name, base, hw) if name is not None else ""
+        if why:
+            keep(RunResult(label=label, config={}, status="skipped", error=why, device=hw.device_name), None)
+            continue
         if name is not None:
-            ok, why = TOGGLES[name].available(hw)
-            if ok and base.custom_model:  # your own model: a rung that changes the GPT needs the model's adapter
-                ok, why = TOGGLES[name].applies_to(toggle_family(base.model))
-            if not ok:
-                result = RunResult(label=label, config={}, status="skipped", error=why, device=hw.device_name)
-                results.append(result)
-                if on_result:
-                    on_result(result)
-                continue
             on[name] = value
-        result = measure(label)
+        cfg = dataclasses.replace(base, toggles=dict(on), label=label)
+        result = run(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
         if result.status in ("failed", "diverged") and name is not None:
             del on[name]  # keep climbing without the rung that broke
-        results.append(result)
-        if on_result:
-            on_result(result)
+        keep(result, cfg)
         if result.status == "stopped":
             break  # Stop, or Ctrl-C: the rungs above are not climbed
+    repeat_rows(results, lambda i: run(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                           catch_errors=True),
+                repeats, stop=stop, on_status=on_status)
     return results
+
+
+def _unavailable(name: str, base: RunConfig, hw) -> str:
+    """Why this machine (or your own model) cannot take the rung `name`, or ''."""
+    ok, why = TOGGLES[name].available(hw)
+    if ok and base.custom_model:  # your own model: a rung that changes the GPT needs the model's adapter
+        ok, why = TOGGLES[name].applies_to(toggle_family(base.model))
+    return "" if ok else why
 
 
 def data_rungs(hw) -> tuple:
@@ -71,7 +85,8 @@ def data_rungs(hw) -> tuple:
 MODEL_ON_GPU = ("tf32", "bf16", "sdpa")  # on a GPU the data ladder's model runs as chapter 07's does
 
 
-def data_ladder(base: RunConfig | None = None, rungs=None, on_status=None, on_result=None, stop=None):
+def data_ladder(base: RunConfig | None = None, rungs=None, on_status=None, on_result=None, stop=None,
+                repeats: int = 1):
     """The data-bound baseline, then each data toggle cumulatively.
 
     The baseline reads raw text, tokenized and transformed per sample, with no workers (data='auto'
@@ -84,11 +99,11 @@ def data_ladder(base: RunConfig | None = None, rungs=None, on_status=None, on_re
     if hw.device_type == "cuda" and not base.toggles:
         base = dataclasses.replace(base, toggles=[n for n in MODEL_ON_GPU if TOGGLES[n].available(hw)[0]])
     return ladder(base, data_rungs(hw) if rungs is None else rungs, on_status=on_status, on_result=on_result,
-                  stop=stop)
+                  stop=stop, repeats=repeats)
 
 
-# The ladders `scalekit ladder KIND` climbs: KIND -> a function (base RunConfig, on_status, on_result, stop)
-# -> list of results.  "train" is the training ladder above, "data" chapter 05's, "finetune" chapter 09's,
+# The ladders `scalekit ladder KIND` climbs: KIND -> a function (base RunConfig, on_status, on_result, stop,
+# repeats) -> list of results.  "train" is the training ladder above, "data" chapter 05's, "finetune" chapter 09's,
 # "inference" the generation ladder (scalekit/inference/ladder.py).
 LADDERS = {"train": ladder, "data": data_ladder, "finetune": finetune_ladder, "inference": inference_ladder}
 # How a ladder's table quotes throughput when not per median step: "wall" is the measured tokens over the

@@ -23,6 +23,7 @@ from .config import RunConfig
 from .engine import build, train_step
 from .hardware import detect
 from .measure.memory import LiveTensorBytes
+from .measure.session import pin_threads
 from .measure.timing import Spread, step_timer, synchronize
 
 STEP_RANGE = "scalekit.step"
@@ -102,6 +103,7 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
     on_gpu = hw.device_type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with contextlib.ExitStack() as stack:
+        pin_threads(stack, cfg.threads)  # the threads a measured run of this config computes on
         ctx = build(cfg, hw, stack)
         for _ in range(warmup_steps):  # compile, allocator and caches warm up outside the profile
             train_step(ctx, next(ctx.batches))

@@ -40,7 +40,7 @@ def test_bad_input_exits_2_with_a_message_not_a_traceback(argv, words, capsys):
 def test_ladder_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "ladder.json"
     proc = subprocess.run([sys.executable, "-m", "scalekit.cli", "ladder", "--steps", "4", "--warmup-steps", "1",
-                           "--device", "cpu", "--json", str(out)], capture_output=True, text=True, timeout=600)
+                           "--device", "cpu", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["label"] for r in rows] == ["baseline", "+ tf32", "+ bf16", "+ compile", "+ sdpa", "+ nice_numbers",

@@ -23,7 +23,7 @@ def test_the_data_ladder_climbs_every_data_toggle_cumulatively_from_raw_text(tmp
     assert LADDERS["data"] is data_ladder and TABLE_THROUGHPUT["data"] == "wall"
     out = tmp_path / "data.json"
     code = main(["ladder", "data", "--preset", "tiny", "--device", "cpu", "--steps", "5", "--warmup-steps", "1",
-                 "--log-every", "2", "--transform-rounds", "1", "--json", str(out)])
+                 "--log-every", "2", "--transform-rounds", "1", "--repeats", "1", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "tokens/s (wall)" in printed and "data wait" in printed and "skipped" in printed

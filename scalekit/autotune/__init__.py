@@ -19,30 +19,43 @@ from ..errors import ConfigError, PlanUnavailable
 from ..families import toggle_family
 from ..hardware import detect
 from ..plan import estimate
+from ..rounds import timing_only
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import MIN_GAIN, ROUNDS, Candidate, Deadline, Measurement, SearchSpace, search
+from .search import (
+    MAX_ROUNDS,
+    MIN_GAIN,
+    MIN_ROUNDS,
+    Candidate,
+    Deadline,
+    Measurement,
+    SearchSpace,
+    config_key,
+    run_samples,
+    search,
+)
 
 __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "declared_changes",
-           "MIN_GAIN", "ROUNDS"]
+           "MIN_GAIN", "MIN_ROUNDS", "MAX_ROUNDS", "run_samples"]
 
 def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
              run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
-             hw=None) -> TuneResult:
+             hw=None, on_note=None) -> TuneResult:
     """The fastest configuration found for `config`'s model on this machine whose measured peak fits
     `budget_bytes` (None: no budget), searching at most `time_budget_s` seconds.  A GenerateConfig is tuned for
     generation instead (autotune.generation: decode tokens/s, quality kept; run_steps is then the tokens the
     real workload generates).  `run_steps` is the length
     of the real run planned: one-off costs (compile time) must pay for themselves over it.  Each candidate
-    is measured for `steps` steps after `warmup_steps`, against the best so far in paired rounds."""
+    is measured for `steps` steps after `warmup_steps`, against the best so far in paired rounds.
+    `on_note(text)` hears what the search says before it starts."""
     from ..inference import GenerateConfig
 
     if isinstance(config, GenerateConfig):  # generation: the inference toggles, decode tokens/s, quality kept
         from .generation import autotune_generation
 
         return autotune_generation(config, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
-                                   run_tokens=run_steps, stop=stop, on_candidate=on_candidate, hw=hw)
+                                   run_tokens=run_steps, stop=stop, on_candidate=on_candidate, hw=hw, on_note=on_note)
     if not isinstance(config, RunConfig):
         raise ConfigError(f"autotune takes a RunConfig (training) or a GenerateConfig (generation), got "
                           f"{type(config).__name__}")
@@ -52,7 +65,7 @@ def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: 
     base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
     space = machine_space(base, hw, stop)
     found = search(base.resolve(hw), space, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
-                   run_steps=run_steps, stop=stop, on_candidate=on_candidate)
+                   run_steps=run_steps, stop=stop, on_candidate=on_candidate, on_note=on_note)
     best = dataclasses.replace(found.best, steps=config.steps, warmup_steps=config.warmup_steps, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
 
@@ -77,16 +90,24 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
         except PlanUnavailable:
             return None
 
+    peaks: dict = {}  # configuration -> its peak bytes, from its first measurement
+
     def measure(cfg: RunConfig) -> Measurement:
-        r = run(cfg, stop=stop, hw=hw, catch_errors=True)
+        key = config_key(cfg)
+        r = run(timing_only(cfg) if key in peaks else cfg, stop=stop, hw=hw, catch_errors=True)
         if r.status not in ("ok", "stopped") or not r.tokens_per_s:
             return Measurement(0.0, None, failed=r.error or r.status)
-        return Measurement(r.tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, r.median_step_ms)
+        if r.status == "ok" and key not in peaks:  # the memory probe (an extra step on a CPU) once is enough
+            peaks[key] = r.peak_mem_bytes
+        return Measurement(r.tokens_per_s, peaks.get(key, r.peak_mem_bytes), r.compile_s or 0.0, r.median_step_ms,
+                           samples=run_samples(r.timing_rounds()[0], r.tokens_per_s))
 
     return SearchSpace(changes=changes, available=available, conflicts=config_conflicts(base),
                        planned_peak=planned_peak,
                        measure=measure, batch_sizes=lambda cfg, budget: _larger_batches(cfg, budget, planned_peak),
-                       memory_only=frozenset(label for label, _, tune in declared if tune.memory_only))
+                       memory_only=frozenset(label for label, _, tune in declared if tune.memory_only),
+                       uninterruptible=frozenset(label for label, _, tune in declared if tune.uninterruptible))
+
 
 
 def _larger_batches(cfg: RunConfig, budget_bytes, planned_peak) -> list[int]:

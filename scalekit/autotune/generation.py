@@ -17,10 +17,11 @@ import dataclasses
 from ..errors import ConfigError
 from ..hardware import detect
 from ..inference import GenerateConfig, generate
+from ..rounds import timing_only
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import Deadline, Measurement, SearchSpace, search
+from .search import Deadline, Measurement, SearchSpace, config_key, run_samples, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
 
@@ -35,28 +36,40 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
                 return False, f"{name} {why}"
         return toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
 
+    judged: dict = {}  # configuration -> (why refused, peak bytes) from its first measurement
+
     def measure(cfg: GenerateConfig) -> Measurement:
-        r = generate(cfg, stop=stop, hw=hw, catch_errors=True)
+        again = judged.get(config_key(cfg))  # quality and memory do not change between rounds: timed only
+        r = generate(timing_only(cfg) if again else cfg, stop=stop, hw=hw, catch_errors=True)
         if r.status not in ("ok", "stopped") or not r.decode_tokens_per_s:
             return Measurement(0.0, None, failed=r.error or r.status)
-        refused = None
-        if r.agreement is not None and r.agreement < min_agreement:
-            refused = (f"quality: the greedy token matches the unmodified model's at {r.agreement:.1%} of held-out "
-                       f"positions, below min_agreement={min_agreement:.0%} (perplexity {r.perplexity:.3f} against "
-                       f"{r.reference_perplexity:.3f})")
+        refused, peak = again or (_refusal(r, min_agreement), r.peak_mem_bytes)
+        if r.status == "ok":
+            judged[config_key(cfg)] = (refused, peak)
         step_ms = r.decode_ms.median if r.decode_ms else None
-        return Measurement(r.decode_tokens_per_s, r.peak_mem_bytes, r.compile_s or 0.0, step_ms, refused=refused)
+        return Measurement(r.decode_tokens_per_s, peak, r.compile_s or 0.0, step_ms, refused=refused,
+                           samples=run_samples(r.token_ms, r.decode_tokens_per_s))
 
     applies = None if family is None else (lambda t: t.applies_to(family)[0])
-    changes = [(label, toggles) for label, toggles, _ in declared_changes("generate", hw, applies)]
-    return SearchSpace(changes=changes, available=lambda name: TOGGLES[name].available(hw),
-                       conflicts=config_conflicts(base), planned_peak=lambda cfg: None, measure=measure,
-                       choice_available=choice_available)
+    declared = declared_changes("generate", hw, applies)
+    return SearchSpace(changes=[(label, toggles) for label, toggles, _ in declared],
+                       available=lambda name: TOGGLES[name].available(hw), conflicts=config_conflicts(base),
+                       planned_peak=lambda cfg: None, measure=measure, choice_available=choice_available,
+                       uninterruptible=frozenset(label for label, _, tune in declared if tune.uninterruptible))
+
+
+def _refusal(r, min_agreement: float) -> str | None:
+    """Why a generation's output is not acceptable (quality below the floor), or None."""
+    if r.agreement is None or r.agreement >= min_agreement:
+        return None
+    return (f"quality: the greedy token matches the unmodified model's at {r.agreement:.1%} of held-out positions, "
+            f"below min_agreement={min_agreement:.0%} (perplexity {r.perplexity:.3f} against "
+            f"{r.reference_perplexity:.3f})")
 
 
 def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
                         run_tokens: int = 10_000, min_agreement: float = MIN_AGREEMENT, max_new_tokens: int = 64,
-                        stop=None, on_candidate=None, hw=None):
+                        stop=None, on_candidate=None, hw=None, on_note=None):
     """The fastest generation configuration found for `config` (see the module docstring).  Each candidate
     generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length."""
     check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
@@ -68,6 +81,7 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
     fits = dataclasses.replace(config, max_new_tokens=None).max_new_tokens  # what the model's context leaves
     base = dataclasses.replace(config, max_new_tokens=min(max_new_tokens, fits), quality=True, label=None)
     found = search(base.resolve(hw), generation_space(base, hw, min_agreement, stop), budget_bytes=budget_bytes,
-                   time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate)
+                   time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate,
+                   on_note=on_note)
     best = dataclasses.replace(found.best, max_new_tokens=config.max_new_tokens, quality=config.quality, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_tokens)

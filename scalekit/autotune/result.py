@@ -27,18 +27,23 @@ class TuneResult:
         return self.search.rejected
 
     def table(self):
-        """One row per candidate: kept or not, why, its paired speed-up and noise, tokens/s and peak."""
+        """One row per candidate: kept or not, why, its speed-up over the best at the time with the interval
+        and rounds behind it, its tokens/s beside the best's in the same rounds, peak memory, compile time."""
         import pandas as pd
 
-        rows = [{"change": c.label, "kept": c.accepted, "speedup vs best then": c.speedup, "noise ±": c.noise,
-                 "tokens_per_s": c.tokens_per_s,
+        rows = [{"change": c.label, "kept": c.accepted, "speedup vs best then": c.speedup,
+                 "interval": f"{c.interval.low:.3f}–{c.interval.high:.3f}" if c.interval else None,
+                 "rounds": c.rounds or None, "tokens_per_s": c.tokens_per_s,
+                 "best tokens_per_s (same rounds)": c.best_tokens_per_s,
                  "peak_mem_mb": c.peak_bytes / 2**20 if c.peak_bytes is not None else None,
                  "compile_s": c.compile_s, "why": c.reason} for c in self.search.candidates]
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
         s = self.search
+        vs_start = s.speedup_vs_start
         return {"best": self.best.to_dict(), "best_tokens_per_s": s.best_tokens_per_s,
+                "speedup_vs_start": dataclasses.asdict(vs_start) if vs_start else None,
                 "best_peak_bytes": s.best_peak_bytes, "budget_bytes": self.budget_bytes, "run_steps": self.run_steps,
                 "elapsed_s": s.elapsed_s, "stopped": s.stopped, "notes": s.notes,
                 "candidates": [dataclasses.asdict(c) for c in s.candidates]}
@@ -55,12 +60,17 @@ class TuneResult:
         return export_code(self.best, target, world_size=world_size)
 
     def summary(self) -> str:
+        """What was chosen and what supports it: its speed-up over the start (the kept changes' paired speed-ups
+        multiplied, with the interval), and its tokens/s as measured beside the last candidate."""
         s = self.search
         kept = ", ".join(c.label for c in s.path) or "nothing: the starting configuration is the fastest found"
-        speed = (f"{s.best_tokens_per_s:,.0f} tokens/s" if s.best_tokens_per_s else "not measured")
+        vs = s.speedup_vs_start
+        gain = f"{vs.estimate:.2f}× the start's speed ({vs.low:.2f}–{vs.high:.2f}× at {100 * vs.level:.0f}%)" \
+            if vs else "the starting configuration"
+        speed = f"; {s.best_tokens_per_s:,.0f} tokens/s when last measured" if s.best_tokens_per_s else ""
         stop = f"; stopped early: {s.stopped}" if s.stopped else ""
-        return (f"chose {self.best.describe()} ({speed}) after {len(s.candidates)} candidates in {s.elapsed_s:.0f} s; "
-                f"kept: {kept}{stop}")
+        return (f"chose {self.best.describe()}: {gain}{speed}; after {len(s.candidates)} candidates in "
+                f"{s.elapsed_s:.0f} s; kept: {kept}{stop}")
 
 
 def check_arguments(budget_bytes, time_budget_s, run_steps, steps) -> None:

@@ -4,10 +4,19 @@ Greedy and honest: start from the user's configuration; try one change at a time
 practitioner would (what each toggle is for: precision, kernels, shapes, the optimizer, compile, the
 data pipeline, then batch size); drop a candidate that cannot run here, cannot go with what is already on,
 or that the planner says cannot fit the memory budget, before spending any time on it; measure every other
-candidate against the current best side by side (paired runs, the order alternating), and keep it only
-when its gain is larger than the noise the pairs themselves show.  One-off costs (compile time) are weighed
-against the length of the real run the user plans.  The search stops cleanly when its time budget runs out
-or `stop` is set, returning the best configuration found so far.
+candidate against the current best side by side, in paired rounds whose order alternates (best first, then
+the candidate first, ...).  After MIN_ROUNDS rounds, the speed-up's confidence interval
+(scalekit.measure.stats) decides: kept when its whole interval is above 1 + MIN_GAIN, dropped when it is
+below, or when the estimate itself is not above it; otherwise the rounds go on to MAX_ROUNDS, time budget
+allowing, and decide there.  Two looks (Bonferroni: each at LOOK_LEVEL), so that a change that does nothing
+is kept in at most 1 - LEVEL of searches; two rounds alone never decide (Student's t with one degree of
+freedom is too wide to), which is why the first look waits for three.  One-off costs (compile time) are weighed
+against the length of the real run the user plans.
+
+The time budget is kept: a measurement is started only when what this machine has shown such a run to cost
+fits in what is left, and a run under way stops at its next step when the budget ends.  The one thing no
+stop flag can cut short is a compilation: a change declared uninterruptible is budgeted from the first one
+seen, and the search says at its start that that first one may run past the budget.
 """
 
 from __future__ import annotations
@@ -20,9 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import NothingFits
+from ..measure.stats import LEVEL, Interval, product, speedup_interval
 
 MIN_GAIN = 0.02  # a change must be at least 2% faster to be kept, whatever the noise
-ROUNDS = 2  # paired rounds per candidate: best then candidate, then candidate then best
+MIN_ROUNDS = 3  # paired rounds before the first look (best first, candidate first, best first)
+MAX_ROUNDS = 6  # the second and last look, for a candidate whose interval still straddled 1 + MIN_GAIN
+LOOK_LEVEL = 1 - (1 - LEVEL) / 2  # each of the two looks' level: 95% over both
 DEADLINE_MARGIN = 0.05  # a measurement under way is stopped this share of the time budget before its end
 
 
@@ -36,6 +48,19 @@ class Measurement:
     step_ms: float | None = None
     failed: str | None = None  # an error, in plain words
     refused: str | None = None  # it ran, but its result is not acceptable (e.g. generation quality), and why
+    # its measured steps' times per token (any unit): the run's own spread, a floor under the rounds' (none:
+    # the rounds alone say how noisy it is)
+    samples: tuple[float, ...] = ()
+    wall_s: float | None = None  # how long the measurement took (the search sets it)
+
+
+def run_samples(step_ms: list[float], per_s: float) -> tuple[float, ...]:
+    """A run's step times as times per token, scaled so that their median is 1 / `per_s` (its tokens/s): the
+    rounds compare runs whose batches may differ."""
+    if not step_ms or not per_s:
+        return ()
+    median = statistics.median(step_ms)
+    return tuple(ms / (median * per_s) for ms in step_ms)
 
 
 class Deadline:
@@ -47,6 +72,7 @@ class Deadline:
         # clean-up), so the search as a whole still ends inside `seconds`
         self.end, self.stop, self.clock = clock() + seconds - min(10.0, DEADLINE_MARGIN * seconds), stop, clock
         self.seconds = seconds
+        self.started = clock()
 
     def is_set(self) -> bool:
         return (self.stop is not None and self.stop.is_set()) or self.clock() >= self.end
@@ -67,11 +93,19 @@ class Candidate:
     batch_size: int | None
     accepted: bool = False
     reason: str = ""  # why it was kept or not, in words
-    speedup: float | None = None  # median of the paired ratios against the best at the time
-    noise: float | None = None  # half the spread of those ratios
-    tokens_per_s: float | None = None
+    interval: Interval | None = None  # its speed-up over the best at the time, from the paired rounds
+    tokens_per_s: float | None = None  # the candidate's, median over its rounds
+    best_tokens_per_s: float | None = None  # the best's, measured in the same rounds
     peak_bytes: int | None = None
     compile_s: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.interval.estimate if self.interval else None
+
+    @property
+    def rounds(self) -> int:
+        return self.interval.rounds if self.interval else 0
 
 
 @dataclass
@@ -86,6 +120,11 @@ class Search:
     elapsed_s: float = 0.0
     stopped: str = ""  # why it stopped early, if it did ("time budget", "stopped")
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def speedup_vs_start(self) -> Interval | None:
+        """The best's speed-up over the start: the kept changes' paired speed-ups multiplied (None: none kept)."""
+        return product([c.interval for c in self.path if c.interval is not None])
 
     @property
     def path(self) -> list[Candidate]:
@@ -110,20 +149,60 @@ class SearchSpace:
     # (toggle name, value) -> (ok, why not), for toggles whose modes differ in what runs here (quantize
     # methods); None: `available` alone decides
     choice_available: Callable[[str, Any], tuple[bool, str]] | None = None
+    uninterruptible: frozenset = frozenset()  # labels of changes whose runs start with a compile
+
+
+class Budget:
+    """The search's time: what is left of the budget, and what runs have cost here so far, so that a run is
+    started only when it is expected to end inside the budget."""
+
+    def __init__(self, clock, budget_s: float, started: float | None = None):
+        self.clock, self.budget_s = clock, budget_s
+        self.t0 = clock() if started is None else started
+        self.last_s: dict[Any, float] = {}  # configuration -> how long its last measurement took
+        self.one_off_s = 0.0  # the largest uninterruptible cost (compilation) seen so far
+        self.reserve_s = 0.0  # time kept for the candidates still to come: extra rounds may not spend it
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def fits(self, seconds: float) -> bool:
+        return self.elapsed() + seconds <= self.budget_s
+
+    def measure(self, space: SearchSpace, cfg) -> Measurement:
+        t = self.clock()
+        m = space.measure(cfg)
+        m.wall_s = self.clock() - t
+        self.last_s[config_key(cfg)] = m.wall_s
+        self.one_off_s = max(self.one_off_s, m.compile_s or 0.0)
+        return m
+
+    def expected_s(self, cfg, like, uninterruptible: bool) -> float:
+        """What measuring `cfg` should take: its own last run, else `like`'s plus the one-off cost it adds."""
+        if config_key(cfg) in self.last_s:
+            return self.last_s[config_key(cfg)]
+        return self.last_s.get(config_key(like), 0.0) + (self.one_off_s if uninterruptible else 0.0)
+
+
+def config_key(cfg) -> tuple:
+    """One configuration's identity in a search: its toggles and batch."""
+    return tuple(sorted((k, str(v)) for k, v in cfg.toggles.items())), getattr(cfg, "batch_size", None)
 
 
 def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budget_s: float = 300.0,
-           run_steps: int = 1000, stop=None, on_candidate=None, clock=time.monotonic) -> Search:
-    """Greedy search from `start` (a RunConfig) over `space`; see the module docstring."""
-    t0 = clock()
-    first = space.measure(start)
-    one_run_s = clock() - t0  # what one measurement costs here: a candidate takes 2 × ROUNDS of them
+           run_steps: int = 1000, stop=None, on_candidate=None, clock=time.monotonic, on_note=None) -> Search:
+    """Greedy search from `start` (a RunConfig) over `space`; see the module docstring.  `on_note(text)` hears
+    what the search says before it starts (and result.notes keeps it)."""
+    budget = Budget(clock, time_budget_s, getattr(stop, "started", None))
+    result = Search(start=start, best=start, best_tokens_per_s=None, best_peak_bytes=None)
+    _say_uninterruptible(result, space, time_budget_s, on_note)
+    first = budget.measure(space, start)
     if stop is not None and stop.is_set():
-        return Search(start=start, best=start, best_tokens_per_s=None, best_peak_bytes=None, stopped="stopped",
-                      elapsed_s=clock() - t0)
+        result.stopped, result.elapsed_s = "stopped", budget.elapsed()
+        return result
     if first.failed:
         raise RuntimeError(f"the starting configuration does not run: {first.failed}")
-    result = Search(start=start, best=start, best_tokens_per_s=first.tokens_per_s, best_peak_bytes=first.peak_bytes)
+    result.best_tokens_per_s, result.best_peak_bytes = first.tokens_per_s, first.peak_bytes
     if budget_bytes is not None and first.peak_bytes is not None and first.peak_bytes > budget_bytes:
         result.notes.append(f"the starting configuration's measured peak ({first.peak_bytes / 2**20:.1f} MiB) is over "
                             f"the budget ({budget_bytes / 2**20:.1f} MiB): only changes that bring it under are kept")
@@ -133,34 +212,91 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
         # larger batches, for whatever configuration is best once the toggles are settled
         yield from ((f"batch_size={b}", {"batch_size": b}) for b in space.batch_sizes(result.best, budget_bytes))
 
-    for label, change in attempts():
-        if _out_of_time(result, clock, t0, time_budget_s, stop, 2 * ROUNDS * one_run_s):
+    left_out = 0  # candidates not tried because their rounds would have ended past the budget
+    for i, (label, change) in enumerate(attempts()):
+        if _out_of_time(result, budget, stop, 0.0):
             break
         candidate = _candidate(result.best, label, change)
-        fits = budget_bytes is None or (result.best_peak_bytes or 0) <= budget_bytes
-        if label in space.memory_only and fits:
-            candidate.reason = "not tried: the best already fits the budget, and this lever trades speed for memory"
-        elif not _pruned(candidate, space, result.best):
-            cfg = _configured(candidate, result.best)
-            if not _over_plan(candidate, cfg, space, budget_bytes):
-                before = result.best, result.best_tokens_per_s, result.best_peak_bytes
-                result.best = _measured(candidate, cfg, result.best, result, space, budget_bytes, run_steps)
-                if stop is not None and stop.is_set():  # its runs were cut short: not a measurement
-                    result.best, result.best_tokens_per_s, result.best_peak_bytes = before
-                    result.stopped = getattr(stop, "why", "stopped")
-                    candidate.accepted, candidate.reason = False, f"{result.stopped} during its measurement"
+        # rounds beyond the first MIN_ROUNDS leave the changes still to come time for theirs
+        budget.reserve_s = _likely_measured(space, space.changes[i + 1:]) * MIN_ROUNDS * 2 * \
+            budget.expected_s(result.best, result.best, False)
+        left_out += _try(candidate, label, space, result, budget, stop, budget_bytes, run_steps)
         result.candidates.append(candidate)
         if on_candidate is not None:
             on_candidate(candidate, result)
         if result.stopped:
             break
-    result.elapsed_s = clock() - t0
+    if left_out and not result.stopped:
+        result.stopped = f"time budget ({time_budget_s:g} s): {left_out} candidate(s) not tried"
+    result.elapsed_s = budget.elapsed()
+    _say_overrun(result, space, time_budget_s)
     if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
         raise NothingFits(f"no configuration tried fits {budget_bytes / 2**20:.1f} MiB: the best measured peak is "
                           f"{result.best_peak_bytes / 2**20:.1f} MiB", result)
     return result
 
 
+def _likely_measured(space: SearchSpace, changes) -> int:
+    """How many of `changes` will be measured, as far as can be told without the best they will meet: the
+    memory levers and what cannot run here are not."""
+    def runs(name, value) -> bool:
+        return (space.available(name) if space.choice_available is None else space.choice_available(name, value))[0]
+
+    return sum(label not in space.memory_only and all(runs(n, v) for n, v in change.items() if v is not False)
+               for label, change in changes)
+
+
+def _say_uninterruptible(result: Search, space: SearchSpace, time_budget_s: float, on_note) -> None:
+    slow = [label for label, _ in space.changes if label in space.uninterruptible]
+    if not slow:
+        return
+    note = (f"{', '.join(slow)}: a compilation cannot be stopped part-way, so the first one may run past the "
+            f"{time_budget_s:g} s budget by what it takes; later ones are tried only when what the first took fits")
+    result.notes.append(note)
+    if on_note is not None:
+        on_note(note)
+
+
+def _say_overrun(result: Search, space: SearchSpace, time_budget_s: float) -> None:
+    """A search that ended past its budget says by how much, and what ran on (a compilation under way)."""
+    over_s = result.elapsed_s - time_budget_s
+    if over_s <= 0:
+        return
+    last = result.candidates[-1].label if result.candidates else ""
+    why = f"{last}'s compilation, which cannot be stopped part-way, ran on" if last in space.uninterruptible else \
+        "the run under way finished its step and its clean-up"
+    result.notes.append(f"ended {over_s:.0f} s past the {time_budget_s:g} s budget: {why}")
+    result.stopped = f"{result.stopped}; " if result.stopped else ""
+    result.stopped += f"ended {over_s:.0f} s past the budget ({why})"
+
+
+def _try(c: Candidate, label: str, space: SearchSpace, result: Search, budget: Budget, stop, budget_bytes,
+         run_steps: int) -> bool:
+    """Refuse `c` up front, or measure it against the best and keep it or not (the reason in c.reason).
+    True: not tried, because its rounds would not end inside the time budget."""
+    fits = budget_bytes is None or (result.best_peak_bytes or 0) <= budget_bytes
+    if label in space.memory_only and fits:
+        c.reason = "not tried: the best already fits the budget, and this lever trades speed for memory"
+        return False
+    if _pruned(c, space, result.best):
+        return False
+    cfg = _configured(c, result.best)
+    if _over_plan(c, cfg, space, budget_bytes):
+        return False
+    pair_s = budget.expected_s(cfg, result.best, label in space.uninterruptible) + \
+        budget.expected_s(result.best, result.best, False)
+    if not budget.fits(MIN_ROUNDS * pair_s):
+        c.reason = (f"not tried: its {MIN_ROUNDS} rounds (≈{MIN_ROUNDS * pair_s:.0f} s here) would not end inside "
+                    f"the time budget ({budget.budget_s - budget.elapsed():.0f} s left)")
+        return True
+    before = result.best, result.best_tokens_per_s, result.best_peak_bytes
+    result.best = _measured(c, cfg, result, space, budget, stop, budget_bytes, run_steps,
+                            label in space.uninterruptible)
+    if stop is not None and stop.is_set():  # its runs were cut short: not a measurement
+        result.best, result.best_tokens_per_s, result.best_peak_bytes = before
+        result.stopped = getattr(stop, "why", "stopped")
+        c.accepted, c.reason, c.interval = False, f"{result.stopped} during its measurement", None
+    return False
 
 
 def _candidate(best, label: str, change: dict) -> Candidate:
@@ -178,12 +314,12 @@ def _configured(c: Candidate, best):
     return cfg
 
 
-def _out_of_time(result: Search, clock, t0: float, time_budget_s: float, stop, next_s: float) -> bool:
-    """Stop before a candidate that would end after the time budget (`next_s`: what one is expected to take)."""
+def _out_of_time(result: Search, budget: Budget, stop, next_s: float) -> bool:
+    """Stop before work that would end after the time budget (`next_s`: what it is expected to take)."""
     if stop is not None and stop.is_set():
         result.stopped = getattr(stop, "why", "stopped")
-    elif clock() - t0 + next_s > time_budget_s:
-        result.stopped = f"time budget ({time_budget_s:g} s) reached"
+    elif not budget.fits(next_s):
+        result.stopped = f"time budget ({budget.budget_s:g} s) reached"
     return bool(result.stopped)
 
 
@@ -217,51 +353,93 @@ def _over_plan(c: Candidate, cfg, space: SearchSpace, budget_bytes) -> bool:
     return False
 
 
-def _measured(c: Candidate, cfg, best, result: Search, space: SearchSpace, budget_bytes, run_steps: int):
-    """Measure `cfg` against `best` in paired rounds; return the new best (cfg if accepted)."""
-    ratios, mine, theirs = [], [], []
-    for k in range(ROUNDS):
-        pair = (best, cfg) if k % 2 == 0 else (cfg, best)  # alternate who goes first
-        a, b = (space.measure(x) for x in pair)
-        base, cand = (a, b) if k % 2 == 0 else (b, a)
+def _samples(m: Measurement) -> list[float]:
+    return list(m.samples) if m.samples else [1e3 / m.tokens_per_s]
+
+
+def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Budget, stop, budget_bytes,
+              run_steps: int, uninterruptible: bool):
+    """Measure `cfg` against the best in paired rounds until the interval decides; return the new best."""
+    best, mine, theirs = result.best, [], []
+    stopped = lambda: stop is not None and stop.is_set()  # noqa: E731
+    while len(mine) < MAX_ROUNDS:
+        pair = (best, cfg) if len(mine) % 2 == 0 else (cfg, best)  # alternate who goes first
+        pair_s = sum(budget.expected_s(x, best, uninterruptible and x is cfg) for x in pair)
+        if len(mine) >= MIN_ROUNDS:
+            pair_s += budget.reserve_s  # an extra round leaves the changes still to come their rounds
+        if stopped() or (mine and not budget.fits(pair_s)):
+            break
+        a = budget.measure(space, pair[0])
+        if stopped():
+            break
+        b = budget.measure(space, pair[1])
+        base, cand = (a, b) if pair[0] is best else (b, a)
         if base.failed:  # the best so far did not run again (or was stopped before it measured anything)
             c.reason = f"not measured: the best so far failed when measured beside it: {base.failed}"
             return best
         if cand.failed or cand.refused:
             c.reason = f"failed: {cand.failed}" if cand.failed else f"refused: {cand.refused}"
             return best
-        ratios.append(cand.tokens_per_s / base.tokens_per_s)
         mine.append(cand)
         theirs.append(base)
-    c.speedup = statistics.median(ratios)
-    c.noise = (max(ratios) - min(ratios)) / 2
+        c.interval = speedup_interval([_samples(m) for m in theirs], [_samples(m) for m in mine], LOOK_LEVEL)
+        if _over(cand, budget_bytes) or (len(mine) == MIN_ROUNDS and _decided(c.interval)):
+            break  # (a budget that ends the rounds between the looks makes that round the second look)
+    return _judge(c, cfg, mine, theirs, result, budget_bytes, run_steps)
+
+
+def _over(m: Measurement, budget_bytes) -> bool:
+    return budget_bytes is not None and m.peak_bytes is not None and m.peak_bytes > budget_bytes
+
+
+def _decided(interval: Interval) -> bool:
+    """Another round would not change the decision: the interval is clear of 1 + MIN_GAIN, or the estimate
+    itself is not above it (a gain this small is not worth more rounds)."""
+    bar = 1 + MIN_GAIN
+    return interval.low > bar or interval.high < bar or interval.estimate <= bar
+
+
+def _judge(c: Candidate, cfg, mine: list[Measurement], theirs: list[Measurement], result: Search, budget_bytes,
+           run_steps: int):
+    """Keep `cfg` or not, from its rounds: the memory budget, then the interval, then one-off costs."""
+    best = result.best
+    if not mine:
+        c.reason = "not measured: the time budget ran out before its first round"
+        return best
     c.tokens_per_s = statistics.median(m.tokens_per_s for m in mine)
+    c.best_tokens_per_s = statistics.median(m.tokens_per_s for m in theirs)
+    result.best_tokens_per_s = c.best_tokens_per_s  # the best's latest measurement: the freshest figure
     peaks = [m.peak_bytes for m in mine if m.peak_bytes is not None]
     c.peak_bytes = max(peaks) if peaks else None
     c.compile_s = max(m.compile_s for m in mine)
-    over = budget_bytes is not None and c.peak_bytes is not None and c.peak_bytes > budget_bytes
-    best_over = budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes
-    if over:
+    if budget_bytes is not None and c.peak_bytes is not None and c.peak_bytes > budget_bytes:
         c.reason = f"over budget when measured: {c.peak_bytes / 2**20:.1f} MiB > {budget_bytes / 2**20:.1f} MiB"
         return best
-    if best_over:  # anything that fits beats a best that does not
-        return _accept(c, cfg, result, "brings the peak under the budget")
-    gain = c.speedup - 1
-    if gain <= max(MIN_GAIN, c.noise):
-        c.reason = ("slower" if gain < -max(MIN_GAIN, c.noise) else "within noise") + \
-            f": {c.speedup:.3f}× (noise ±{c.noise:.3f}, at least {1 + MIN_GAIN:.2f}× needed)"
+    if len(mine) < MIN_ROUNDS:
+        c.reason = f"not measured: the time budget left no room for its {MIN_ROUNDS} rounds"
         return best
-    base_step_s = statistics.median(m.step_ms for m in theirs if m.step_ms) / 1e3 if all(m.step_ms for m in theirs) \
-        else None
+    if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
+        return _accept(c, cfg, result, "brings the peak under the budget")  # anything that fits beats a best that does not
+    iv, bar = c.interval, 1 + MIN_GAIN
+    figures = f"{iv.estimate:.3f}× ({iv.low:.3f}–{iv.high:.3f}× at {100 * iv.level:.0f}%, {iv.rounds} rounds)"
+    if iv.low <= bar:
+        word = "slower" if iv.high < 1 else "too small a gain" if iv.high < bar else "within noise"
+        cut = "" if _decided(iv) or iv.rounds >= MAX_ROUNDS else \
+            " (the time budget left no room for more rounds beside the changes still to try)"
+        if word == "within noise" and iv.estimate <= bar:
+            cut = " (its estimate is not above that: more rounds would not make it a gain worth having)"
+        c.reason = f"{word}: {figures}; kept only above {bar:.2f}×{cut}"
+        return best
+    base_step_s = statistics.median(m.step_ms for m in theirs) / 1e3 if all(m.step_ms for m in theirs) else None
     if c.compile_s and base_step_s:
-        saved = run_steps * base_step_s * (1 - 1 / c.speedup)
+        saved = run_steps * base_step_s * (1 - 1 / iv.estimate)
         if saved <= c.compile_s:
-            c.reason = (f"{c.speedup:.2f}× faster per step, but over run_steps={run_steps} it saves {saved:.1f} s and "
-                        f"costs {c.compile_s:.1f} s up front: not worth it for a run this short")
+            c.reason = (f"{iv.estimate:.2f}× faster per step, but over run_steps={run_steps} it saves {saved:.1f} s "
+                        f"and costs {c.compile_s:.1f} s up front: not worth it for a run this short")
             return best
-        return _accept(c, cfg, result, f"{c.speedup:.2f}× per step; over run_steps={run_steps} it saves {saved:.1f} s "
+        return _accept(c, cfg, result, f"{figures} per step; over run_steps={run_steps} it saves {saved:.1f} s "
                                        f"for {c.compile_s:.1f} s of compilation")
-    return _accept(c, cfg, result, f"{c.speedup:.2f}× faster (noise ±{c.noise:.3f})")
+    return _accept(c, cfg, result, f"faster: {figures}")
 
 
 def _accept(c: Candidate, cfg, result: Search, reason: str):

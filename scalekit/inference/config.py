@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_bool, check_device, check_label, int_in
+from ..checks import check_bool, check_device, check_label, check_threads, int_in
 from ..data import CharTokenizer, corpus_text
 from ..errors import ConfigError, ToggleUnavailable
 from ..families import generation_family, is_hf_source
@@ -64,6 +64,9 @@ class GenerateConfig:
     """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
+    threads: int | None = None
+    """torch's intra-op threads for the generation, restored after it (None: the cores other processes are not
+    already using, at least one and at most torch's own setting, decided once per process)."""
 
     def __post_init__(self) -> None:
         self.toggles = normalise(self.toggles, "GenerateConfig", loop="generate")
@@ -106,6 +109,7 @@ class GenerateConfig:
             check_bool("GenerateConfig", name, getattr(self, name))
         check_device("GenerateConfig", self.device)
         check_label("GenerateConfig", self.label)
+        check_threads("GenerateConfig", self.threads)
         self._validate_lengths()
         self._validate_quality_tokens()
 

@@ -46,7 +46,11 @@ def generate(config: GenerateConfig | None = None, *, on_token=None, on_status=N
     status = on_status or (lambda message: None)
     result = GenerateResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
                             torch_version=torch.__version__)
-    with measured_run(result, hw.device_type, catch_errors) as stack:
+    if stop is not None and stop.is_set():  # stopped before it began (a time budget ran out): build nothing
+        result.status = "stopped"
+        result.notes.append("stopped before it started: nothing was measured")
+        return result
+    with measured_run(result, hw.device_type, catch_errors, threads=cfg.threads) as stack:
         _build_and_measure(cfg, hw, stack, result, on_token, stop, status)
     status(f"{cfg.label}: {result.status}")
     return result

@@ -15,6 +15,7 @@ import dataclasses
 from ..config import RunConfig
 from ..hardware import detect
 from ..models.quantization import INT4_METHODS, INT8_METHODS
+from ..rounds import check_repeats, repeat_rows, timing_only
 from ..toggles import TOGGLES
 from .config import GenerateConfig
 from .engine import generate
@@ -54,31 +55,39 @@ def as_generate_config(base: GenerateConfig | RunConfig | None, hw) -> GenerateC
 
 
 def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFERENCE_LADDER, on_status=None,
-                     on_result=None, stop=None) -> list[GenerateResult]:
+                     on_result=None, stop=None, repeats: int = 1) -> list[GenerateResult]:
+    """The baseline generation, then each rung cumulatively; `repeats`: each row generated that many times, the
+    order alternating (scalekit.rounds)."""
+    check_repeats("inference_ladder(repeats=)", repeats)
     base_cfg = as_generate_config(base, None)
     hw = detect(base_cfg.device)
     on: dict = dict(base_cfg.toggles)
     results: list[GenerateResult] = []
+    configs: list[GenerateConfig | None] = []
 
-    def keep(result: GenerateResult) -> None:
+    def keep(result: GenerateResult, cfg: GenerateConfig | None) -> None:
         results.append(result)
+        configs.append(cfg)
         if on_result:
             on_result(result)
 
-    keep(generate(dataclasses.replace(base_cfg, toggles=dict(on), label="baseline"), on_status=on_status,
-                  stop=stop, hw=hw, catch_errors=True))
+    first = dataclasses.replace(base_cfg, toggles=dict(on), label="baseline")
+    keep(generate(first, on_status=on_status, stop=stop, hw=hw, catch_errors=True), first)
     for label, change in rungs:
         if stop is not None and stop.is_set() or results[-1].status == "stopped":
             break
         toggles, why = _rung_toggles(change, hw, base_cfg.family() if base_cfg.custom_model else None)
         if why:
-            keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name))
+            keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name), None)
             continue
         cfg = dataclasses.replace(base_cfg, toggles={**on, **toggles}, label=label)
         result = generate(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
         if result.status not in ("failed",):
             on.update(toggles)  # climbed: the rungs above keep it
-        keep(result)
+        keep(result, cfg)
+    repeat_rows(results, lambda i: generate(timing_only(configs[i]), on_status=on_status, stop=stop, hw=hw,
+                                                catch_errors=True),
+                repeats, stop=stop, on_status=on_status)
     return results
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .results import GenerateResult
+from ..report import interval_cells, measurement_footer, text_table
+from .results import GenerateResult, generation_speedup
 
 
 def _fmt(value, spec: str, missing: str = "—") -> str:
@@ -13,37 +14,38 @@ def _mb(n) -> str:
     return "—" if n is None else f"{n / 2**20:.2f}"
 
 
+HEADER = ["run", "decode tok/s", "speed-up", "95% interval", "vs baseline", "ms/token", "p25–p75 ms", "p90 ms",
+          "TTFT ms", "weights MB", "KV MB", "peak MB", "perplexity", "agree", "note"]
+
+
 def generation_table(results: list[GenerateResult]) -> str:
-    """One line per generation: decode tokens/s and its speed-up over the first row, per-token latency,
-    time to first token, weight / KV-cache / peak MB, perplexity and greedy agreement."""
+    """One line per generation: decode tokens/s and its speed-up over the first row with its 95% interval and
+    what it says (faster, slower, within noise), per-token latency with its spread, time to first token,
+    weight / KV-cache / peak MB, perplexity and greedy agreement."""
     base = next((r for r in results if r.finished and r.decode_tokens_per_s), None)
-    header = ["run", "decode tok/s", "speed-up", "ms/token", "p90 ms", "TTFT ms", "weights MB", "KV MB", "peak MB",
-              "perplexity", "agree", "note"]
-    rows = []
-    for r in results:
-        if not r.finished:
-            rows.append([r.label] + ["—"] * 10 + [f"{r.status}: {r.error or ''}".strip()])
-            continue
-        speedup = r.decode_tokens_per_s / base.decode_tokens_per_s if base and r.decode_tokens_per_s else None
-        notes = [f"compile {r.compile_s:.1f} s" if r.compile_s is not None else ""]
-        notes += ["stopped"] if r.status == "stopped" else []
-        notes += [n for n in r.notes if not n.startswith("quantize=")]
-        if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
-            notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
-        rows.append([r.label, _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(speedup, ".2f") + ("×" if speedup else ""),
-                     _fmt(r.decode_ms.median if r.decode_ms else None, ".2f"), _fmt(r.decode_ms_p90, ".2f"),
-                     _fmt(r.ttft_ms, ".1f"), _mb(r.weight_bytes), _mb(r.kv_cache_bytes), _mb(r.peak_mem_bytes),
-                     _fmt(r.perplexity, ".3f"), _fmt(r.agreement, ".1%"), "; ".join(n for n in notes if n)])
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    numeric = set(range(1, 11))
-
-    def line(cells) -> str:
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    out = [line(header), line("-" * w for w in widths), *(line(r) for r in rows)]
+    rows = [_row(r, base) for r in results]
+    out = text_table(HEADER, rows)
     if base:
         out.append(f"device: {base.device}; torch {base.torch_version}; batch {base.batch_size}, "
                    f"{base.new_tokens} new tokens; decode tok/s = batch ÷ the median decode step; "
                    f"memory: {base.mem_source or 'not probed'}")
-    return "\n".join(out)
+    return "\n".join(out + measurement_footer([r for r in results if r.token_ms]))
+
+
+def _row(r: GenerateResult, base: GenerateResult | None) -> list[str]:
+    if not r.finished:
+        return [r.label] + ["—"] * (len(HEADER) - 2) + [f"{r.status}: {r.error or ''}".strip()]
+    interval, why = generation_speedup(base, r) if base and r is not base else (None, "")
+    notes = [why] if why else []
+    notes += [f"compile {r.compile_s:.1f} s" if r.compile_s is not None else ""]
+    notes += ["stopped"] if r.status == "stopped" else []
+    notes += [n for n in r.notes if not n.startswith("quantize=")]
+    if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
+        notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
+    notes += ["machine busy"] if r.busy_note else []
+    d = r.all_decode_ms
+    spread = f"{d.p25:.2f}–{d.p75:.2f}" if d and d.n else "—"
+    return [r.label, _fmt(r.decode_tokens_per_s, ",.0f"), *interval_cells(interval, r is base, why),
+            _fmt(r.typical_decode_ms, ".2f"), spread, _fmt(r.decode_ms_p90, ".2f"), _fmt(r.ttft_ms, ".1f"),
+            _mb(r.weight_bytes), _mb(r.kv_cache_bytes), _mb(r.peak_mem_bytes), _fmt(r.perplexity, ".3f"),
+            _fmt(r.agreement, ".1%"), "; ".join(n for n in notes if n)]

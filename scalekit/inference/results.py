@@ -8,7 +8,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..measure.results import STATUSES, write_results_json
+from ..measure.load import MachineLoad, busiest
+from ..measure.results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
+from ..measure.stats import Interval, speedup_interval, too_few_steps, verdict
 from ..measure.timing import Spread
 
 
@@ -62,7 +64,43 @@ class GenerateResult:
     reference_perplexity: float | None = None  # the model as built (fp32, unquantized) on the same windows
     agreement: float | None = None  # share of held-out positions where the greedy token equals the reference's
     same_prefix_tokens: list[int] | None = None  # greedy: tokens equal to the reference's greedy output, per prompt
+    # -- the machine -------------------------------------------------------------------------------------
+    threads: int | None = None  # torch's intra-op threads the generation computed on
+    load: MachineLoad | None = None  # what else the machine ran meanwhile (the busiest round's, with repeats)
+    rounds: list[Round] = field(default_factory=list)  # repeats: the later rounds' decode steps (token_ms is the first)
     notes: list[str] = field(default_factory=list)
+
+    def timing_rounds(self) -> list[list[float]]:
+        """Each round's decode-step times: this generation's own, then its repeats'."""
+        return [list(self.token_ms), *(r.step_ms for r in self.rounds)]
+
+    @property
+    def all_decode_ms(self) -> Spread | None:
+        """The spread of the decode steps over every round (decode_ms when there are no repeats)."""
+        if not self.rounds:
+            return self.decode_ms
+        return Spread.of([ms for r in self.timing_rounds() for ms in r])
+
+    @property
+    def typical_decode_ms(self) -> float | None:
+        """The median decode step; with repeats, the geometric mean of the rounds' medians."""
+        if not self.rounds:
+            return self.decode_ms.median if self.decode_ms and self.decode_ms.n else None
+        rounds = [r for r in self.timing_rounds() if r]
+        return geometric_mean([statistics.median(r) for r in rounds]) if rounds else None
+
+    def add_round(self, again: GenerateResult) -> None:
+        """Keep `again` (the same configuration generated once more) as a round; the figures become the rounds'."""
+        self.rounds.append(Round(step_ms=list(again.token_ms), per_s_wall=again.decode_tokens_per_s_wall))
+        self.load = busiest(self.load, again.load)
+        if self.typical_decode_ms:
+            self.decode_tokens_per_s = self.batch_size / (self.typical_decode_ms / 1e3)
+        walls = [w for w in [self.decode_tokens_per_s_wall, *(r.per_s_wall for r in self.rounds)] if w]
+        self.decode_tokens_per_s_wall = geometric_mean(walls) if walls else None
+
+    @property
+    def busy_note(self) -> str:
+        return self.load.note if self.load is not None else ""
 
     @property
     def finished(self) -> bool:
@@ -73,22 +111,24 @@ class GenerateResult:
         return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "busy": bool(self.busy_note)}
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the full result as JSON, atomically."""
         write_results_json(path, self.to_dict())
 
     def summary_row(self) -> dict[str, Any]:
-        d = self.decode_ms
+        d = self.all_decode_ms
         return {
             "run": self.label, "status": self.status, "batch": self.batch_size,
             "decode_tokens_per_s": self.decode_tokens_per_s,
-            "decode_ms": d.median if d else None, "decode_ms_p90": self.decode_ms_p90,
+            "decode_ms": self.typical_decode_ms, "decode_ms_p25": d.p25 if d and d.n else None,
+            "decode_ms_p75": d.p75 if d and d.n else None, "decode_ms_p90": self.decode_ms_p90,
             "prefill_ms": self.prefill_ms, "ttft_ms": self.ttft_ms,
             "weight_mb": _mb(self.weight_bytes), "kv_cache_mb": _mb(self.kv_cache_bytes),
             "peak_mem_mb": _mb(self.peak_mem_bytes), "perplexity": self.perplexity, "agreement": self.agreement,
-            "compile_s": self.compile_s, "note": self.error or "; ".join(self.notes),
+            "compile_s": self.compile_s, "threads": self.threads,
+            "note": self.error or "; ".join([*self.notes, *([self.busy_note] if self.busy_note else [])]),
         }
 
 
@@ -104,19 +144,49 @@ def p90(values: list[float]) -> float | None:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
+def generation_speedup(base: GenerateResult, r: GenerateResult) -> tuple[Interval | None, str]:
+    """`r`'s decode speed-up over `base` per token, with its interval, and a note: how the two were made
+    comparable, or why they are not (then None): a decode step's time grows with the sequence, so generations
+    of different lengths are not compared."""
+    if not (base.finished and r.finished):
+        return None, ""
+    why = not_like_for_like(base, r)
+    if not why and (base.new_tokens != r.new_tokens or max(base.prompt_tokens) != max(r.prompt_tokens)):
+        what = f"{r.new_tokens} against {base.new_tokens} new tokens" if base.new_tokens != r.new_tokens else \
+            f"prompts of {max(r.prompt_tokens)} against {max(base.prompt_tokens)} tokens"
+        why = f"not compared: {what} (a decode step's time grows with the sequence: generate the same length)"
+    if why:
+        return None, why
+    interval = speedup_interval(base.timing_rounds(), r.timing_rounds())
+    if interval is None:
+        return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
+    if base.batch_size == r.batch_size:
+        return interval, ""
+    return interval.scaled(r.batch_size / base.batch_size), \
+        f"per token: a batch of {r.batch_size} against {base.batch_size} prompts"
+
+
 def compare_generations(results: list[GenerateResult]):
-    """A DataFrame, one row per generation, with the decode speed-up and weight ratio against the first."""
+    """A DataFrame, one row per generation, with the decode speed-up per token (its 95% interval and verdict:
+    faster, slower or within noise) and weight ratio against the first generation that measured."""
     import pandas as pd
 
     rows = [r.summary_row() for r in results]
     df = pd.DataFrame(rows)
-    base = next((r for r in rows if r["decode_tokens_per_s"]), None)
+    base = next((r for r in results if r.finished and r.decode_tokens_per_s), None)
     if rows:
-        df["speedup"] = [_ratio(r["decode_tokens_per_s"], base and base["decode_tokens_per_s"]) for r in rows]
-        df["weight_ratio"] = [_ratio(r["weight_mb"], base and base["weight_mb"]) for r in rows]
-    cols = ["run", "status", "batch", "decode_tokens_per_s", "speedup", "decode_ms", "decode_ms_p90", "prefill_ms",
-            "ttft_ms", "weight_mb", "weight_ratio", "kv_cache_mb", "peak_mem_mb", "perplexity", "agreement",
-            "compile_s", "note"]
+        found = [generation_speedup(base, r) if base and r is not base else (None, "") for r in results]
+        df["speedup"] = [1.0 if r is base else iv.estimate if iv else None for r, (iv, _) in zip(results, found,
+                                                                                                  strict=True)]
+        df["speedup_low"] = [iv.low if iv else None for iv, _ in found]
+        df["speedup_high"] = [iv.high if iv else None for iv, _ in found]
+        df["verdict"] = ["baseline" if r is base else verdict(iv) for r, (iv, _) in zip(results, found, strict=True)]
+        df["note"] = ["; ".join(n for n in (why, note) if n) for (_, why), note in zip(found, df["note"], strict=True)]
+        base_row = base.summary_row() if base else {}
+        df["weight_ratio"] = [_ratio(r["weight_mb"], base_row.get("weight_mb")) for r in rows]
+    cols = ["run", "status", "batch", "decode_tokens_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
+            "decode_ms", "decode_ms_p25", "decode_ms_p75", "decode_ms_p90", "prefill_ms", "ttft_ms", "weight_mb",
+            "weight_ratio", "kv_cache_mb", "peak_mem_mb", "perplexity", "agreement", "compile_s", "threads", "note"]
     return df.reindex(columns=cols)
 
 
@@ -126,4 +196,4 @@ def _ratio(num, den):
     return num / den
 
 
-__all__ = ["GenerateResult", "TokenRecord", "compare_generations", "STATUSES"]
+__all__ = ["GenerateResult", "TokenRecord", "compare_generations", "generation_speedup", "STATUSES"]

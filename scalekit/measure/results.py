@@ -1,14 +1,17 @@
-"""RunResult: what one run measured, and `compare` for side-by-side ratios."""
+"""RunResult: what one run measured, and `compare` for side-by-side ratios with their intervals."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..files import write_atomic
+from .load import MachineLoad, busiest
+from .stats import Interval, speedup_interval, too_few_steps, verdict
 from .timing import Spread
 
 # ok: every step ran; stopped: Stop or Ctrl-C ended it early (what it measured is kept); diverged: the loss
@@ -29,6 +32,18 @@ class StepRecord:
     mem_bytes: int | None  # allocator bytes on GPU, RSS on CPU, read at sync points
     tokens: int | None = None  # tokens this step processed (this rank's)
     data_wait_ms: float | None = None  # of step_ms, the time spent waiting for the batch (and its copy to the device)
+
+
+@dataclass
+class Round:
+    """One more measurement of a configuration (repeats=), taken in alternating order with the other rows."""
+
+    step_ms: list[float]  # its measured steps' times (for a generation: its decode steps')
+    per_s_wall: float | None = None  # its wall-clock throughput (tokens/s)
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 @dataclass
@@ -80,11 +95,48 @@ class RunResult:
     eval_s: float | None = None  # time the evaluations took, outside the steps' times
     measured_wall_s: float | None = None  # wall time of the measured loop, evaluations included
     eval_share: float | None = None  # eval_s / measured_wall_s
+    threads: int | None = None  # torch's intra-op threads the run computed on
+    load: MachineLoad | None = None  # what else the machine ran meanwhile (the busiest round's, with repeats)
+    rounds: list[Round] = field(default_factory=list)  # repeats: the later rounds (this run's own steps are the first)
     notes: list[str] = field(default_factory=list)
 
     @property
     def median_step_ms(self) -> float | None:
-        return self.step_ms.median if self.step_ms else None
+        """The median step time; with repeats, the geometric mean of the rounds' medians (so that two rows'
+        ratio is their paired speed-up's estimate)."""
+        if not self.step_ms or not self.step_ms.n or not self.rounds:
+            return self.step_ms.median if self.step_ms else None
+        return geometric_mean([statistics.median(r) for r in self.timing_rounds()])
+
+    @property
+    def all_steps_ms(self) -> Spread | None:
+        """The spread of the measured steps over every round (this run's own Spread when there are no repeats)."""
+        if not self.rounds:
+            return self.step_ms
+        return Spread.of([ms for r in self.timing_rounds() for ms in r])
+
+    def timing_rounds(self) -> list[list[float]]:
+        """Each round's measured step times: this run's own, then its repeats'."""
+        return [[s.step_ms for s in self.steps if not s.warmup], *(r.step_ms for r in self.rounds)]
+
+    @property
+    def work_per_step(self) -> float:
+        """Tokens per measured step (their mean, where batches differed in size)."""
+        sizes = [s.tokens for s in self.steps if not s.warmup and s.tokens]
+        return self.tokens_per_step or (statistics.fmean(sizes) if sizes else 0.0)
+
+    def add_round(self, again: RunResult) -> None:
+        """Keep `again` (the same configuration measured once more) as a round; the figures become the rounds'."""
+        self.rounds.append(Round(step_ms=again.timing_rounds()[0], per_s_wall=again.tokens_per_s_wall))
+        self.load = busiest(self.load, again.load)
+        if self.tokens_per_step:
+            self.tokens_per_s = self.tokens_per_step / (self.median_step_ms / 1e3)
+        walls = [w for w in [self.tokens_per_s_wall, *(r.per_s_wall for r in self.rounds)] if w]
+        self.tokens_per_s_wall = geometric_mean(walls) if walls else None
+
+    @property
+    def busy_note(self) -> str:
+        return self.load.note if self.load is not None else ""
 
     @property
     def steps_per_batch(self) -> float | None:
@@ -118,6 +170,7 @@ class RunResult:
         d = asdict(self)
         d["median_step_ms"] = self.median_step_ms
         d["steps_per_batch"] = self.steps_per_batch
+        d["busy"] = bool(self.busy_note)
         return d
 
     def to_json(self, path: str | os.PathLike) -> None:
@@ -125,11 +178,11 @@ class RunResult:
         write_results_json(path, self.to_dict())
 
     def summary_row(self) -> dict[str, Any]:
-        s = self.step_ms
+        s = self.all_steps_ms
         return {
             "run": self.label,
             "status": self.status,
-            "step_ms": s.median if s else None,
+            "step_ms": self.median_step_ms,
             "step_ms_iqr": s.iqr if s else None,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_wall": self.tokens_per_s_wall,
@@ -140,22 +193,55 @@ class RunResult:
             "mfu": self.mfu,
             "final_loss": self.final_loss,
             "compile_s": self.compile_s,
-            "note": self.error or "; ".join(self.notes),
+            "threads": self.threads,
+            "note": self.error or "; ".join([*self.notes, *([self.busy_note] if self.busy_note else [])]),
         }
 
 
+def speedup_over(base: RunResult, r: RunResult, statistic=statistics.median) -> tuple[Interval | None, str]:
+    """`r`'s speed-up over `base` per token, with its interval, and a note: how the two were made comparable,
+    or why they are not (then the interval is None).  `statistic`: each run's median step (the default), or
+    its mean (throughput over the wall clock, for pipelines whose steps differ by design)."""
+    if not (base.finished and r.finished):
+        return None, ""
+    why = not_like_for_like(base, r)
+    if why:
+        return None, why
+    interval = speedup_interval(base.timing_rounds(), r.timing_rounds(), statistic=statistic)
+    if interval is None:
+        return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
+    if base.work_per_step == r.work_per_step:
+        return interval, ""
+    scaled = interval.scaled(r.work_per_step / base.work_per_step)  # per token: time per step ÷ tokens per step
+    return scaled, f"per token: {r.work_per_step:,.0f} against {base.work_per_step:,.0f} tokens per step"
+
+
+def not_like_for_like(base, r) -> str:
+    """Why two results (training or generation) cannot be compared as they are, or ''."""
+    if base.device and r.device and base.device != r.device:
+        return f"not compared: measured on {r.device} and {base.device}"
+    # threads over all of a run's processes: two ranks of one thread use the cores one process of two does
+    a, b = (x.threads * getattr(x, "world_size", 1) if x.threads else None for x in (base, r))
+    if a and b and a != b:
+        return f"not compared: {b} against {a} threads (give every run the same threads=)"
+    return ""
+
+
 def compare(results: list[RunResult]):
-    """A pandas DataFrame, one row per run, with speed-up and memory ratio against the first row."""
+    """A pandas DataFrame, one row per run, with speed-up (per token, with its 95% interval and verdict:
+    faster, slower or within noise) and memory ratio against the first run that measured."""
     import pandas as pd
 
     rows = [r.summary_row() for r in results]
     df = pd.DataFrame(rows)
     if rows:
-        base = rows[0]
-        df["speedup"] = [_ratio(base["step_ms"], r["step_ms"]) for r in rows]
-        df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base["peak_mem_mb"]) for r in rows]
-    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "tokens_per_s_wall", "data_wait_ms",
-            "data_wait_frac", "steps_per_batch", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+        base = next((r for r in results if r.finished), results[0])
+        _speedup_columns(df, [(None, "") if r is base else speedup_over(base, r) for r in results],
+                         [r is base and r.finished for r in results])
+        df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base.summary_row()["peak_mem_mb"]) for r in rows]
+    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low", "speedup_high",
+            "verdict", "tokens_per_s_wall", "data_wait_ms", "data_wait_frac", "steps_per_batch", "peak_mem_mb",
+            "mem_ratio", "mfu", "final_loss", "compile_s", "threads", "note"]
     if any(r.heldout_loss_before is not None or (r.trainable_share or 1) < 1 for r in results):
         # fine-tuning: what trains, and what it learned on the held-out part of the new data
         df["trainable_params"] = [r.trainable_params for r in results]
@@ -165,6 +251,15 @@ def compare(results: list[RunResult]):
         cols[cols.index("final_loss") + 1:cols.index("final_loss") + 1] = [
             "trainable_params", "trainable_%", "heldout_before", "heldout_after"]
     return df.reindex(columns=cols)
+
+
+def _speedup_columns(df, found: list[tuple[Interval | None, str]], is_base: list[bool]) -> None:
+    """speedup, its interval and the verdict (the base row: 'baseline'); a normalisation or refusal goes to note."""
+    df["speedup"] = [1.0 if base else iv.estimate if iv else None for (iv, _), base in zip(found, is_base, strict=True)]
+    df["speedup_low"] = [iv.low if iv else None for iv, _ in found]
+    df["speedup_high"] = [iv.high if iv else None for iv, _ in found]
+    df["verdict"] = ["baseline" if base else verdict(iv) for (iv, _), base in zip(found, is_base, strict=True)]
+    df["note"] = ["; ".join(n for n in (why, note) if n) for (_, why), note in zip(found, df["note"], strict=True)]
 
 
 def _ratio(num, den):

@@ -142,6 +142,9 @@ class Tune:
     label: str = ""  # what the search calls it ("" → the toggle's name, and its value unless True)
     memory_only: bool = False  # tried only while the best so far is over the memory budget
     instead_of: str = ""  # tried only where that toggle is unavailable (fp16 where there is no bf16)
+    # its runs start with a one-off cost no stop flag can cut short (compilation): the search budgets it once
+    # it has seen one, and says before starting that the first may run past the time budget
+    uninterruptible: bool = False
 
 
 def needs_a_gpu(hw, what: str) -> tuple[bool, str]:

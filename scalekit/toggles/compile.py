@@ -21,7 +21,8 @@ class Compile(Toggle):
     phase = "wrap"
     loops = ("train", "generate")
     choices = COMPILE_MODES
-    tuning = (Tune("default", rank=70), Tune("default", rank=60, loop="generate"))
+    tuning = (Tune("default", rank=70, uninterruptible=True),
+              Tune("default", rank=60, loop="generate", uninterruptible=True))
     plan_note = 'compile fuses ops and can keep less; this plan is for eager execution'
 
     def available(self, hw) -> tuple[bool, str]:

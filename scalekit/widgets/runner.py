@@ -227,6 +227,8 @@ class Runner:
             self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
         else:
             self._say_outcome(key, result)
+            if result.busy_note:  # beside the figures, not only in the table's note
+                self._say(f"Run {key}: {result.busy_note}.")
         self.table.value = self._html(self.results)
         self._show_result(result)
         self._set_status(f"{key}: {result.status}{self._rate(result)}")

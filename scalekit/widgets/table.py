@@ -9,33 +9,24 @@ import pandas as pd
 
 from ..measure.results import RunResult, compare
 
-COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "data_wait_ms",
-           "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss", "compile_s", "note"]
+COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low",
+           "speedup_high", "verdict", "data_wait_ms", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss",
+           "compile_s", "threads", "note"]
 
 
 FINETUNE_COLUMNS = ["trainable_params", "trainable_%", "heldout_before", "heldout_after"]
 
 
 def results_frame(runs: list[tuple[int, RunResult]]) -> pd.DataFrame:
-    """(run number, result) pairs → the table.
+    """(run number, result) pairs → the table (scalekit.compare's figures).
 
-    Speed-up is tokens/s over the baseline's tokens/s, which is the step-time ratio when the batch is
-    the same and stays honest when the batch size was changed between runs.  The baseline is the first
-    run that has measured steps.
+    Speed-up is per token, against the first run that measured, with its 95% interval and verdict (faster,
+    slower, within noise): runs with different batch sizes are compared per token (the note says so); runs on
+    different thread counts are not compared (the note says why).
     """
     df = compare([r for _, r in runs])
     df.insert(0, "#", [n for n, _ in runs])
     df["batch_size"] = [r.config.get("batch_size") for _, r in runs]
-    measured = [r for _, r in runs if r.tokens_per_s]
-    if measured:
-        base = measured[0]
-        base_mem = base.peak_mem_bytes / 2**20 if base.peak_mem_bytes else None
-        df["speedup"] = [r.tokens_per_s / base.tokens_per_s if r.tokens_per_s else None for _, r in runs]
-        df["mem_ratio"] = [m / base_mem if base_mem and m is not None and not _nan(m) else None
-                           for m in df["peak_mem_mb"]]
-    else:
-        df["speedup"] = None
-        df["mem_ratio"] = None
     extra = [c for c in FINETUNE_COLUMNS if c in df.columns]  # fine-tuning runs: what trains, what it learned
     return df.reindex(columns=COLUMNS[:-1] + extra + COLUMNS[-1:])
 
@@ -44,13 +35,15 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
-FORMATS = {"mfu": "{:.1%}", "data_wait_frac": "{:.1%}", "speedup": "{:.2f}×", "mem_ratio": "{:.2f}×",
+FORMATS = {"mfu": "{:.1%}", "data_wait_frac": "{:.1%}", "speedup": "{:.2f}×", "speedup_low": "{:.2f}",
+           "speedup_high": "{:.2f}", "threads": "{:.0f}", "mem_ratio": "{:.2f}×",
            "tokens_per_s": "{:,.0f}", "step_ms": "{:.2f}", "step_ms_iqr": "{:.2f}", "data_wait_ms": "{:.2f}",
            "peak_mem_mb": "{:.2f}", "compile_s": "{:.2f}", "final_loss": "{:.4f}", "heldout_before": "{:.4f}",
            "heldout_after": "{:.4f}", "trainable_%": "{:.2f}%", "trainable_params": "{:,.0f}"}
 
 HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "batch", "step_ms": "median step ms",
-           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "data_wait_ms": "data wait ms",
+           "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "speedup_low": "95% from",
+           "speedup_high": "to", "verdict": "vs baseline", "threads": "threads", "data_wait_ms": "data wait ms",
            "data_wait_frac": "waiting for data", "peak_mem_mb": "peak MB",
            "mem_ratio": "memory ratio", "mfu": "MFU", "final_loss": "final loss", "compile_s": "compile s",
            "trainable_params": "trainable", "trainable_%": "trainable share", "heldout_before": "held-out before",
