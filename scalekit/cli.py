@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -11,15 +12,33 @@ import threading
 
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
-from .files import check_writable
+from .files import STDOUT, check_writable, save_text
 from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
-from .measure.results import write_results_json
 from .toggles import TOGGLES
 
 
 def _progress(message: str) -> None:
     print(f"  · {message}", file=sys.stderr, flush=True)
+
+
+def _report_stream(args):
+    """Where tables and texts go: standard output, unless --json - puts the JSON there (then standard error)."""
+    return sys.stderr if getattr(args, "json", None) == STDOUT else sys.stdout
+
+
+def _save_json(json_path, doc) -> bool:
+    """Write the --json results; if the write fails, say so in one line naming the path and where a copy went
+    (standard output when no copy could be written).  False when they did not reach `json_path`."""
+    if json_path is None:
+        return True
+    text = json.dumps(doc, indent=2, default=str)
+    saved = save_text(json_path, text + "\n", "--json")
+    if not saved.ok:
+        print(f"scalekit: error: {saved.message}", file=sys.stderr)
+        if saved.kept is None:
+            print(text)
+    return saved.ok
 
 
 def _toggle_arg(text: str) -> tuple[str, object]:
@@ -235,15 +254,14 @@ def cmd_ladder(args, stop) -> int:
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     results = LADDERS[args.kind](base, on_status=_progress,
                      on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop)
+    saved = _save_json(json_path, [r.to_dict() for r in results])  # first: a closed stdout cannot lose them
     if args.kind == "inference":
         from .inference.report import generation_table  # generations have their own table
 
-        print(generation_table(results))
+        print(generation_table(results), file=_report_stream(args))
     else:
-        print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")))
-    if json_path is not None:
-        write_results_json(json_path, [r.to_dict() for r in results])
-    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+        print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")), file=_report_stream(args))
+    return 0 if saved and all(r.status in ("ok", "skipped") for r in results) else 1
 
 
 def cmd_bench(args, stop) -> int:
@@ -270,10 +288,9 @@ def cmd_bench(args, stop) -> int:
         result = run(cfg, on_status=_progress if first else None, stop=stop, catch_errors=True)
         if not first:
             return 0 if result.status == "ok" else 1
-    print(results_table([result]))
-    if json_path is not None:
-        result.to_json(json_path)
-    return 0 if result.status == "ok" else 1
+    saved = _save_json(json_path, result.to_dict())
+    print(results_table([result]), file=_report_stream(args))
+    return 0 if saved and result.status == "ok" else 1
 
 
 def cmd_generate(args, stop) -> int:
@@ -283,13 +300,13 @@ def cmd_generate(args, stop) -> int:
     cfg = _generate_config(args, dict(args.toggle))
     json_path = check_writable(args.json, "--json") if args.json else None
     result = generate(cfg, on_status=_progress, stop=stop, catch_errors=True)
+    saved = _save_json(json_path, result.to_dict())
+    out = _report_stream(args)
     for text in result.texts:
-        print(text)
-        print("-" * 78)
-    print(generation_table([result]))
-    if json_path is not None:
-        result.to_json(json_path)
-    return 0 if result.status == "ok" else 1
+        print(text, file=out)
+        print("-" * 78, file=out)
+    print(generation_table([result]), file=out)
+    return 0 if saved and result.status == "ok" else 1
 
 
 def cmd_launch(args, stop) -> int:
@@ -370,15 +387,15 @@ def cmd_tune(args, stop) -> int:
     except NothingFits as exc:
         print(f"scalekit tune: {exc}", file=sys.stderr)
         return 1
-    print(result.table().to_string(index=False))
-    print(result.summary())
+    saved = _save_json(json_path, result.to_dict())
+    out = _report_stream(args)
+    print(result.table().to_string(index=False), file=out)
+    print(result.summary(), file=out)
     flags = " ".join(f"--toggle {n}" if v is True else f"--toggle {n}={v}" for n, v in result.best.toggles.items())
-    print(f"best: {flags}" + ("" if args.generate else f" --batch-size {result.best.batch_size}"))
+    print(f"best: {flags}" + ("" if args.generate else f" --batch-size {result.best.batch_size}"), file=out)
     if args.export:
-        print(f"\n# the winner for {args.export}:\n{result.export(args.export)}")
-    if json_path is not None:
-        write_results_json(json_path, result.to_dict())
-    return 0
+        print(f"\n# the winner for {args.export}:\n{result.export(args.export)}", file=out)
+    return 0 if saved else 1
 
 
 COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
