@@ -42,7 +42,8 @@ def results_table(results: list[RunResult], throughput: str = "median") -> str:
 
 def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) -> list[str]:
     extra = [_trains(r), _heldout(r)] if finetune else []
-    if not r.finished:
+    measured = r.step_ms.n if r.step_ms else 0
+    if not r.finished and not (r.status == "failed" and measured):
         return [r.label, *["—"] * 9, *extra, f"{r.status}: {r.error or ''}".strip()]
     s = r.step_ms
     if throughput == "median":
@@ -59,6 +60,8 @@ def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) 
         notes.insert(0, "stopped")
     if r.status == "diverged":
         notes.insert(0, f"DIVERGED (not ok): {r.error}")
+    if r.status == "failed":  # what it measured before it failed is shown, beside why it failed
+        notes.insert(0, f"FAILED after {measured} measured steps: {r.error}")
     return [r.label, f"{s.median:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", _fmt(rate, ",.0f"),
             _fmt(speedup, ".2f") + "×" * (speedup is not None), _data_wait(r),
             _fmt(r.peak_mem_bytes and r.peak_mem_bytes / 2**20, ".1f"), _fmt(mem_ratio, ".2f"),

@@ -31,7 +31,8 @@ def generation_table(results: list[GenerateResult]) -> str:
         if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
             notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
         rows.append([r.label, _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(speedup, ".2f") + ("×" if speedup else ""),
-                     _fmt(r.decode_ms.median if r.decode_ms else None, ".2f"), _fmt(r.decode_ms_p90, ".2f"),
+                     _fmt(r.decode_ms.median if r.decode_ms and r.decode_ms.n else None, ".2f"),
+                     _fmt(r.decode_ms_p90, ".2f"),
                      _fmt(r.ttft_ms, ".1f"), _mb(r.weight_bytes), _mb(r.kv_cache_bytes), _mb(r.peak_mem_bytes),
                      _fmt(r.perplexity, ".3f"), _fmt(r.agreement, ".1%"), "; ".join(n for n in notes if n)])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
@@ -42,8 +43,9 @@ def generation_table(results: list[GenerateResult]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     out = [line(header), line("-" * w for w in widths), *(line(r) for r in rows)]
-    if base:
-        out.append(f"device: {base.device}; torch {base.torch_version}; batch {base.batch_size}, "
-                   f"{base.new_tokens} new tokens; decode tok/s = batch ÷ the median decode step; "
-                   f"memory: {base.mem_source or 'not probed'}")
+    said = base or next((r for r in results if r.finished), None)  # a one-token generation has no decode rate
+    if said:
+        out.append(f"device: {said.device}; torch {said.torch_version}; batch {said.batch_size}, "
+                   f"{said.new_tokens} new tokens; decode tok/s = batch ÷ the median decode step; "
+                   f"memory: {said.mem_source or 'not probed'}")
     return "\n".join(out)
