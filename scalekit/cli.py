@@ -46,6 +46,17 @@ def _toggle_arg(text: str) -> tuple[str, object]:
     return name, (value if value else True)
 
 
+def _toggles(args) -> dict:
+    """The --toggle flags as {name: value}; a toggle given twice is refused (the last would win unsaid)."""
+    chosen: dict = {}
+    for name, value in args.toggle:
+        if name in chosen:
+            said = [f"{name}={v}" if v is not True else name for v in (chosen[name], value)]
+            raise ConfigError(f"--toggle {name} is given twice ({said[0]} and {said[1]}): give each toggle once")
+        chosen[name] = value
+    return chosen
+
+
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="auto", help=f"model size: {', '.join(PRESET_NAMES)} (default: auto)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
@@ -268,7 +279,7 @@ def cmd_bench(args, stop) -> int:
     from .engine import run
     from .report import results_table
 
-    cfg = _config(args, dict(args.toggle))
+    cfg = _config(args, _toggles(args))
     json_path = check_writable(args.json, "--json") if args.json else None
     nprocs = launch_commands.check_nproc_flag(args.nproc_per_node, default="this process alone")
     timeout_s = launch_commands.check_timeout_flag(args.timeout_s)
@@ -297,7 +308,7 @@ def cmd_generate(args, stop) -> int:
     from .inference import generate
     from .inference.report import generation_table
 
-    cfg = _generate_config(args, dict(args.toggle))
+    cfg = _generate_config(args, _toggles(args))
     json_path = check_writable(args.json, "--json") if args.json else None
     result = generate(cfg, on_status=_progress, stop=stop, catch_errors=True)
     saved = _save_json(json_path, result.to_dict())
@@ -317,7 +328,7 @@ def cmd_plan(args, stop) -> int:
     from .plan import estimate
 
     device = None if args.device == "auto" else args.device  # a GPU can be planned for without one
-    e = estimate(_config(args, dict(args.toggle)), device=device)
+    e = estimate(_config(args, _toggles(args)), device=device)
     for part, n in e.memory_breakdown().items():
         print(f"{part:16} {n / 2**20:10.1f} MiB")
     print(f"{'FLOPs/step':16} {e.flops_per_step:10.3g} (with recomputation {e.hardware_flops_per_step:.3g})")
@@ -329,7 +340,7 @@ def cmd_plan(args, stop) -> int:
 def cmd_export(args, stop) -> int:
     from .hf.export import export_code
 
-    print(export_code(_config(args, dict(args.toggle)), args.target, world_size=args.world_size), end="")
+    print(export_code(_config(args, _toggles(args)), args.target, world_size=args.world_size), end="")
     return 0
 
 
@@ -371,7 +382,7 @@ def cmd_tune(args, stop) -> int:
     from .autotune import autotune
     from .errors import NothingFits
 
-    cfg = _generate_config(args, dict(args.toggle), ladder=True) if args.generate else _config(args, dict(args.toggle))
+    cfg = _generate_config(args, _toggles(args), ladder=True) if args.generate else _config(args, _toggles(args))
     if args.generate and args.export:
         raise ConfigError("--export writes training code; with --generate there is none to write")
     json_path = check_writable(args.json, "--json") if args.json else None

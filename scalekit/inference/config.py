@@ -18,7 +18,8 @@ from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
 from ..toggles import TOGGLES, check_combination, normalise
 
-MODEL_NAMES = (*PRETRAINED_NAMES, *PRESETS)  # the shipped model(s), then the presets (random weights)
+# the shipped model(s), then the presets (random weights); a preset named like a shipped model is that model
+MODEL_NAMES = tuple(dict.fromkeys((*PRETRAINED_NAMES, *PRESETS)))
 MAX_PROMPTS = 4096
 
 
@@ -125,6 +126,10 @@ class GenerateConfig:
         if context is None:
             return
         longest = max(len(p) for p in self.prompt_ids())
+        if longest >= context:  # the prompt is at fault, not max_new_tokens: no room for any new token
+            raise ConfigError(f"GenerateConfig.prompts: the longest prompt is {longest} tokens, and the model's "
+                              f"context holds {context} positions: a prompt may be at most {context - 1} tokens, "
+                              f"leaving room for one new token")
         if longest + self.max_new_tokens > context:
             raise ConfigError(f"GenerateConfig.max_new_tokens: the longest prompt ({longest} tokens) plus "
                               f"max_new_tokens ({self.max_new_tokens}) is {longest + self.max_new_tokens}, beyond "

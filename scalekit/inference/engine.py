@@ -40,7 +40,7 @@ def generate(config: GenerateConfig | None = None, *, on_token=None, on_status=N
         config = GenerateConfig(**fields)
     elif fields:
         config = dataclasses.replace(config, **fields)
-    hw = hw or hardware.detect(config.device)
+    hw = hw or hardware.detect(config.device, "GenerateConfig")
     cfg = config.resolve(hw)
     cfg.check_available(hw)
     status = on_status or (lambda message: None)

@@ -56,7 +56,7 @@ def as_generate_config(base: GenerateConfig | RunConfig | None, hw) -> GenerateC
 def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFERENCE_LADDER, on_status=None,
                      on_result=None, stop=None) -> list[GenerateResult]:
     base_cfg = as_generate_config(base, None)
-    hw = detect(base_cfg.device)
+    hw = detect(base_cfg.device, "GenerateConfig")
     on: dict = dict(base_cfg.toggles)
     results: list[GenerateResult] = []
 

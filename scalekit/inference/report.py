@@ -13,6 +13,13 @@ def _mb(n) -> str:
     return "—" if n is None else f"{n / 2**20:.2f}"
 
 
+def _said(status: str, words: str) -> str:
+    """The status, then why, said once ("stopped: stopped during the warm-up" reads twice)."""
+    if not words:
+        return status
+    return words if words.startswith(status) else f"{status}: {words}"
+
+
 def generation_table(results: list[GenerateResult]) -> str:
     """One line per generation: decode tokens/s and its speed-up over the first row, per-token latency,
     time to first token, weight / KV-cache / peak MB, perplexity and greedy agreement."""
@@ -22,12 +29,13 @@ def generation_table(results: list[GenerateResult]) -> str:
     rows = []
     for r in results:
         if not r.finished:
-            rows.append([r.label] + ["—"] * 10 + [f"{r.status}: {r.error or ''}".strip()])
+            rows.append([r.label] + ["—"] * 10 + [_said(r.status, r.error or "; ".join(r.notes))])
             continue
         speedup = r.decode_tokens_per_s / base.decode_tokens_per_s if base and r.decode_tokens_per_s else None
         notes = [f"compile {r.compile_s:.1f} s" if r.compile_s is not None else ""]
-        notes += ["stopped"] if r.status == "stopped" else []
         notes += [n for n in r.notes if not n.startswith("quantize=")]
+        if r.status == "stopped" and not any(n.startswith("stopped") for n in notes):
+            notes.insert(1, "stopped")
         if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
             notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
         rows.append([r.label, _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(speedup, ".2f") + ("×" if speedup else ""),
