@@ -19,7 +19,10 @@ from .toggles import TOGGLES
 
 
 def _progress(message: str) -> None:
-    print(f"  · {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"  · {message}", file=sys.stderr, flush=True)
+    except BrokenPipeError:  # stderr piped into something that closed: the run goes on unheard
+        pass
 
 
 def _report_stream(args):
@@ -239,15 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     stop = threading.Event()
 
-    def on_interrupt(*_) -> None:
+    def on_interrupt(signum, frame) -> None:
         if stop.is_set():  # a second Ctrl-C: stop now
             raise KeyboardInterrupt
         stop.set()  # the first ends the current step cleanly, keeping what was measured
-        _progress("stopping after this step… (Ctrl-C again to stop at once)")
+        _progress(stop_message(frame))
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        return COMMANDS[args.command](args, stop)
+        code = COMMANDS[args.command](args, stop)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is met where it can be handled
+        return code
+    except BrokenPipeError:  # `scalekit toggles | head -3`: the reader has what it wanted
+        _discard_stdout()
+        return 141  # 128 + SIGPIPE, as a tool killed by the closed pipe would end
     except ConfigError as exc:
         print(f"scalekit: error: {flag_names(str(exc))}", file=sys.stderr)
         return 2
@@ -256,6 +264,31 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (a test's capture)
+        pass
+
+
+# Where torch.compile's compiler runs (dynamo tracing a frame, inductor compiling a graph, also a backward
+# compiled lazily at the first backward); a compiled model's steps run through neither.
+COMPILER_MODULES = ("torch._dynamo.convert_frame", "torch._inductor.compile_fx")
+
+
+def stop_message(frame) -> str:
+    """What the first Ctrl-C says, at once: the step it waits for, and why that may take long (a compile)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(COMPILER_MODULES):
+            return ("stopping once torch.compile finishes compiling: a compile cannot be stopped midway, and a "
+                    "cold one can take a minute on a CPU (Ctrl-C again to stop at once: nothing measured is lost)")
+        frame = frame.f_back
+    return "stopping after this step… (Ctrl-C again to stop at once)"
 
 
 def cmd_ladder(args, stop) -> int:
@@ -354,27 +387,46 @@ def cmd_doctor(args, stop) -> int:
 
 
 def cmd_toggles(args, stop) -> int:
+    from .hardware import detect
     from .toggles import ORDER
 
+    hw = detect()  # this machine, as a run with device "auto" sees it
     if args.name is not None:
         if args.name not in TOGGLES:
             raise ConfigError(f"toggles: unknown toggle {args.name!r}; allowed: {', '.join(TOGGLES)}")
-        print(toggle_page(TOGGLES[args.name]))
+        print(toggle_page(TOGGLES[args.name], hw))
         return 0
     for t in ORDER:
         modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
         where = "" if "train" in t.loops else \
             f" [generation: scalekit generate{'' if t.changes_weights else ', or a training run with eval_every'}]"
-        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
+        here = "".join(f"\n{'':13} {line}" for line in availability(t, hw))
+        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}"
+              f"{here}")
     return 0
 
 
-def toggle_page(t) -> str:
-    """What `scalekit toggles NAME` prints: the one-liners, the explainer, and the code the toggle runs."""
+def availability(t, hw) -> list[str]:
+    """What stops toggle `t` (or some of its modes) on this machine, one line each; none when all of it runs."""
+    ok, why = t.available(hw)
+    if not ok:
+        in_ranks, _ = t.available_in_ranks(hw)
+        return [f"{'in one process' if in_ranks else 'unavailable here'}: {why}"]
+    lines = []
+    for choice in t.choices or ():
+        ok, why = t.choice_available(hw, choice)
+        if not ok:
+            lines.append(f"unavailable here: {choice} — {why}")
+    return lines
+
+
+def toggle_page(t, hw=None) -> str:
+    """What `scalekit toggles NAME` prints: the one-liners, where it runs, the explainer, and its code."""
     modes = f"modes: {', '.join(map(str, t.choices))} (first is the default)\n" if t.choices else ""
+    here = "".join(f"{line}\n" for line in availability(t, hw)) if hw is not None else ""
     rule = "-" * 78
     return (f"{t.name}: {t.summary}\ncost: {t.cost}\nhelps when: {t.helps_when}\n{modes}"
-            f"phase: {t.phase}; loops: {', '.join(t.loops)}\n{rule}\n{t.explainer.strip()}\n{rule}\n"
+            f"phase: {t.phase}; loops: {', '.join(t.loops)}\n{here}{rule}\n{t.explainer.strip()}\n{rule}\n"
             f"The code it runs (scalekit/toggles/{t.name}.py):\n\n{t.code()}")
 
 
