@@ -195,3 +195,34 @@ def test_ctrl_c_during_a_compile_is_said_at_once_and_stops_soon_after_it(argv, m
     assert told - said["at"] < 1 and told < compiler.done_at, err  # said at once, while the compile goes on
     assert ended - compiler.done_at < 5, err  # and stopped soon after the compile
     assert code == 1 and "stopped" in err and "Traceback" not in err
+
+
+# -- nothing but scalekit's own words for a run that works ---------------------------------------------------------
+def own_words_only(argv: list[str], timeout_s: float = 240) -> str:
+    """Run `scalekit ARGV` in a fresh process; every line on stderr is scalekit's (progress, notes), and the
+    output holds none of the lines libraries print; returns stdout + stderr."""
+    proc = subprocess.run([sys.executable, "-m", "scalekit.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout_s, env=scalekit_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    foreign = [line for line in proc.stderr.splitlines() if line and not line.startswith(("  · ", "scalekit"))]
+    assert not foreign, "\n".join(foreign)
+    for pattern in ("Failed to load", "Warning", "warn(", "[transformers]", "UserWarning", "W1", "loss_type"):
+        assert pattern not in proc.stdout, (pattern, proc.stdout)
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow  # importing transformers takes most of it
+def test_a_hugging_face_run_prints_only_scalekits_words():
+    pytest.importorskip("transformers")
+    own_words_only(["bench", "--hf-model", "gpt2", "--steps", "2", "--warmup-steps", "0", "--device", "cpu"])
+
+
+def test_a_generation_prints_only_scalekits_words():
+    own_words_only(["generate", "--max-new-tokens", "2", "--warmup-tokens", "0", "--device", "cpu", "--no-quality"])
+
+
+@pytest.mark.slow
+def test_a_compiled_torchao_generation_prints_only_scalekits_words():
+    pytest.importorskip("torchao")
+    own_words_only(["generate", "--max-new-tokens", "4", "--device", "cpu", "--toggle", "quantize=torchao-int8",
+                    "--toggle", "compile", "--toggle", "kv_cache=static"])
