@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -114,6 +115,7 @@ def _generate_config(args, toggles, ladder: bool = False):
                               f"takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
                               f"the prompt), --device and --seed")
         model = args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        _check_generation_flags(args, model)
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
         return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens, device=args.device,
                               seed=args.seed, toggles=toggles)
@@ -121,6 +123,19 @@ def _generate_config(args, toggles, ladder: bool = False):
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                           seed=args.seed, toggles=toggles, device=args.device, warmup_tokens=args.warmup_tokens,
                           quality=args.quality)
+
+
+def _check_generation_flags(args, model: str) -> None:
+    """The training flags a generation reads: --preset (as the model, without --model) and --batch-size (copies
+    of the prompt), refused here in their own names."""
+    from .inference.config import MAX_PROMPTS, MODEL_NAMES
+
+    if args.model is None and model not in MODEL_NAMES:
+        raise ConfigError(f"--preset {model!r} is the model generation uses without --model: allowed here: "
+                          f"{', '.join(MODEL_NAMES)}")
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_PROMPTS:
+        raise ConfigError(f"--batch-size is the copies of the prompt generated at once: 1 to {MAX_PROMPTS}, "
+                          f"got {args.batch_size}")
 
 
 def _config(args, toggles) -> RunConfig:
@@ -136,14 +151,25 @@ def _hf_model(args):
     if args.hf_model is None:
         return None
     from .hardware import detect
-    from .hf import causal_lm
+    from .hf import FAMILIES, causal_lm
+
+    if args.hf_model not in FAMILIES:  # said before transformers is imported
+        raise ConfigError(f"--hf-model: unknown family {args.hf_model!r}; allowed: {', '.join(FAMILIES)}")
 
     preset = RunConfig(preset=args.preset).resolve(detect(args.device)).preset if args.preset == "auto" else args.preset
     return causal_lm(args.hf_model, preset=preset)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its refusals in one line that names the flag (not the usage block above it); the
+    subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scalekit", description="Switch training optimizations on and measure them.")
+    p = OneLineParser(prog="scalekit", description="Switch training optimizations on and measure them.")
     sub = p.add_subparsers(dest="command", required=True)
     _measure_commands(sub)
     _export_command(sub)
@@ -239,7 +265,10 @@ def flag_names(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # a refused flag (said in one line), or --help
+        return exc.code if isinstance(exc.code, int) else 2
     stop = threading.Event()
 
     def on_interrupt(signum, frame) -> None:
@@ -373,6 +402,8 @@ def cmd_plan(args, stop) -> int:
 def cmd_export(args, stop) -> int:
     from .hf.export import export_code
 
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be a positive number of processes, got {args.world_size}")
     print(export_code(_config(args, _toggles(args)), args.target, world_size=args.world_size), end="")
     return 0
 
@@ -438,8 +469,13 @@ def cmd_tune(args, stop) -> int:
     if args.generate and args.export:
         raise ConfigError("--export writes training code; with --generate there is none to write")
     json_path = check_writable(args.json, "--json") if args.json else None
-    if args.budget_mb is not None and not args.budget_mb > 0:
-        raise ConfigError(f"--budget-mb must be a positive number of MiB, got {args.budget_mb}")
+    if args.budget_mb is not None and not 0 < args.budget_mb <= 2**40:  # nan fails both; 2**40 MiB: an exabyte
+        raise ConfigError(f"--budget-mb must be a positive number of MiB (at most 2**40), got {args.budget_mb}")
+    if not (math.isfinite(args.time_budget_s) and args.time_budget_s > 0):
+        raise ConfigError(f"--time-budget-s must be a positive number of seconds, got {args.time_budget_s}")
+    if args.run_steps < 1:
+        raise ConfigError(f"--run-steps must be a positive whole number (the steps of the real run), "
+                          f"got {args.run_steps}")
     budget = int(args.budget_mb * 2**20) if args.budget_mb is not None else None
     try:
         sizes = {} if args.generate else {"steps": cfg.steps, "warmup_steps": cfg.warmup_steps}

@@ -136,8 +136,11 @@ class RunConfig:
         custom = (self.model, self.batch_fn, self.loss_fn)
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
         if adapter is None and any(x is not None for x in custom) and not all(x is not None for x in custom):
-            raise ConfigError("RunConfig.model, batch_fn and loss_fn go together: give all three for your own model "
-                              "(a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a PreTrainedModel)")
+            given = [n for n, x in zip(("model", "batch_fn", "loss_fn"), custom, strict=True) if x is not None]
+            missing = [n for n, x in zip(("model", "batch_fn", "loss_fn"), custom, strict=True) if x is None]
+            raise ConfigError(f"{' and '.join(f'RunConfig.{n}' for n in given)} without {' and '.join(missing)}: "
+                              f"model, batch_fn and loss_fn go together: give all three for your own model (a Hugging "
+                              f"Face model needs only model: scalekit.hf.causal_lm(...) or a PreTrainedModel)")
         if self.model is None:
             return
         if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
@@ -149,7 +152,7 @@ class RunConfig:
         for name in self.toggles:
             ok, why = TOGGLES[name].applies_to(adapter)
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} {why}")
+                raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} {why}")
 
     def _validate_init(self) -> None:
         if self.init not in INITS:
@@ -223,7 +226,7 @@ class RunConfig:
         for name in self.toggles:
             ok, why = TOGGLES[name].available(hw)
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+                raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 
     # -- Hugging Face TrainingArguments (scalekit.hf.arguments holds the table of what maps to what) ------------
     @classmethod

@@ -125,18 +125,33 @@ class GenerateConfig:
         context = self.context_length()
         if context is None:
             return
-        longest = max(len(p) for p in self.prompt_ids())
+        ids = self.prompt_ids()
+        self._validate_token_ids(ids)
+        longest = max(len(p) for p in ids)
+        model = f"the context of GenerateConfig.model {self.model!r}" if isinstance(self.model, str) else \
+            "the context of GenerateConfig.model (your GPT)"
         if longest >= context:  # the prompt is at fault, not max_new_tokens: no room for any new token
-            raise ConfigError(f"GenerateConfig.prompts: the longest prompt is {longest} tokens, and the model's "
-                              f"context holds {context} positions: a prompt may be at most {context - 1} tokens, "
-                              f"leaving room for one new token")
+            raise ConfigError(f"GenerateConfig.prompts: the longest prompt is {longest} tokens, and {model} holds "
+                              f"{context} positions: a prompt may be at most {context - 1} tokens, leaving room for "
+                              f"one new token")
         if longest + self.max_new_tokens > context:
-            raise ConfigError(f"GenerateConfig.max_new_tokens: the longest prompt ({longest} tokens) plus "
-                              f"max_new_tokens ({self.max_new_tokens}) is {longest + self.max_new_tokens}, beyond "
-                              f"the model's context of {context} positions: at most {context - longest} new tokens")
+            raise ConfigError(f"GenerateConfig.max_new_tokens: the longest of GenerateConfig.prompts ({longest} "
+                              f"tokens) plus max_new_tokens ({self.max_new_tokens}) is "
+                              f"{longest + self.max_new_tokens}, beyond {model} ({context} positions): at most "
+                              f"{context - longest} new tokens")
         if self.quality and self.quality_seq_len > context:
-            raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond the model's "
-                              f"context of {context} positions")
+            raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond {model} "
+                              f"({context} positions)")
+
+    def _validate_token_ids(self, ids: list[list[int]]) -> None:
+        """Token ids the model has rows for: an id beyond its vocabulary fails only inside the embedding."""
+        vocab = self.vocab_size()
+        for i, p in enumerate(ids):
+            bad = next((t for t in p if t >= vocab), None)
+            if bad is not None:
+                came = " (from GenerateConfig.tokenizer)" if isinstance(self.prompts[i], str) else ""
+                raise ConfigError(f"GenerateConfig.prompts[{i}]: token id {bad}{came} is beyond the vocabulary of "
+                                  f"GenerateConfig.model ({vocab} tokens: ids 0 to {vocab - 1})")
 
     # -- what the config says, concretely -----------------------------------------------------------
     @property
@@ -152,6 +167,15 @@ class GenerateConfig:
                 else PRESETS[self.model].block_size
         return self.model.config.block_size if _is_builtin_gpt(self.model) else None
 
+    def vocab_size(self) -> int:
+        """Tokens the model has rows for (None-free: only asked where context_length() is known)."""
+        from ..models.pretrained import pretrained_info
+
+        if isinstance(self.model, str):
+            return pretrained_info(self.model)["config"]["vocab_size"] if self.model in PRETRAINED_NAMES \
+                else PRESETS[self.model].vocab_size
+        return self.model.config.vocab_size
+
     def get_tokenizer(self):
         return self.tokenizer if self.tokenizer is not None else corpus_tokenizer()
 
@@ -159,15 +183,27 @@ class GenerateConfig:
         tok = self.get_tokenizer() if any(isinstance(p, str) for p in self.prompts) else None
         out = []
         for i, p in enumerate(self.prompts):
-            if isinstance(p, str):
-                try:
-                    out.append(list(tok.encode(p)))
-                except (KeyError, ValueError) as exc:
-                    raise ConfigError(f"GenerateConfig.prompts[{i}]: the tokenizer does not know {exc}; the shipped "
-                                      f"model reads the characters of Tiny Shakespeare") from None
-            else:
-                out.append(list(p))
+            out.append(self._encode(tok, i, p) if isinstance(p, str) else list(p))
         return out
+
+    def _encode(self, tok, i: int, text: str) -> list[int]:
+        """prompts[i] as token ids; a tokenizer that fails or returns something else is said in words."""
+        mine = self.tokenizer is not None  # a user's tokenizer, or the shipped corpus' characters
+        try:
+            ids = list(tok.encode(text))
+        except (KeyError, ValueError) as exc:
+            if mine:
+                raise ConfigError(f"GenerateConfig.tokenizer cannot encode prompts[{i}]: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            raise ConfigError(f"GenerateConfig.prompts[{i}]: the tokenizer does not know {exc}; the shipped "
+                              f"model reads the characters of Tiny Shakespeare") from None
+        except Exception as exc:  # noqa: BLE001 - a user's tokenizer can raise anything
+            raise ConfigError(f"GenerateConfig.tokenizer.encode failed on prompts[{i}]: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if not ids or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ConfigError(f"GenerateConfig.tokenizer.encode must return a non-empty list of token ids "
+                              f"(integers >= 0); for prompts[{i}] it returned {ids!r:.80}")
+        return [int(t) for t in ids]
 
     def describe(self) -> str:
         if not self.toggles:
@@ -184,7 +220,7 @@ class GenerateConfig:
             toggle = TOGGLES[name]
             ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+                raise ToggleUnavailable(f"GenerateConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 
     def to_dict(self) -> dict:
         out = {}
