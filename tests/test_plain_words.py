@@ -141,3 +141,16 @@ def test_a_generation_stopped_in_its_warm_up_says_why():
     assert r.status == "stopped"
     row = generation_table([r]).splitlines()[2]
     assert "warm-up" in row and row.count("stopped") == 1, row
+
+
+def test_a_tokenizer_whose_decode_fails_keeps_the_generation():
+    class Tok:
+        def encode(self, text):
+            return [1, 2, 3]
+
+        def decode(self, ids):
+            raise TypeError("cannot decode")
+
+    r = generate(GenerateConfig(model="tiny", prompts="abc", tokenizer=Tok(), max_new_tokens=3, quality=False,
+                                warmup_tokens=0, device="cpu"))
+    assert r.status == "ok" and r.new_tokens == 3 and any("not decoded" in n for n in r.notes), (r.error, r.notes)
