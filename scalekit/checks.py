@@ -7,6 +7,11 @@ from typing import Any
 
 from .errors import ConfigError
 
+# RunConfig's ranges that the TrainingArguments reader (scalekit.hf.arguments) checks too, naming its own fields
+LR_RANGE = (1e-8, 1.0)
+BATCH_SIZE_RANGE = (1, 2**24)
+SEED_RANGE = (0, 2**63 - 1)
+
 
 def int_in(owner: str, name: str, value: Any, low: int, high: int) -> int:
     """`value` if it is a whole number from `low` to `high` (not a bool), else ConfigError naming owner.name."""
@@ -24,6 +29,36 @@ def check_bool(owner: str, name: str, value: Any) -> None:
 def ascii_digits(text: str) -> bool:
     """0-9 only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as another number."""
     return bool(text) and text.isascii() and text.isdigit()
+
+
+def bool_or_none(owner: str, name: str, value: Any) -> bool | None:
+    """`value` if it is True, False or None, else ConfigError naming owner.name."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{owner}.{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def real_in(owner: str, name: str, value: Any, low: float, high: float) -> float:
+    """`value` as a float if it is a number from `low` to `high` (not a bool, not NaN), else ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+        raise ConfigError(f"{owner}.{name} must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def one_of(owner: str, name: str, value: Any, allowed: tuple) -> Any:
+    """`value` if it is one of `allowed` (compared by equality, of the same type), else ConfigError listing them."""
+    if not any(type(value) is type(a) and value == a for a in allowed):
+        raise ConfigError(f"{owner}.{name} must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}")
+    return value
+
+
+def dict_or_none(owner: str, name: str, value: Any) -> dict:
+    """A copy of `value` if it is a dict with string keys, {} for None, else ConfigError."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{owner}.{name} must be a dict (of option names) or None, got {value!r}")
+    return dict(value)
 
 
 def check_device(owner: str, device: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .checks import check_bool, check_device, check_label, int_in
+from .checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, check_device, check_label, int_in
 from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS
 from .errors import ConfigError, ToggleUnavailable
 from .families import model_adapter
@@ -262,18 +262,17 @@ class RunConfig:
 
 # (smallest, largest) for each whole-number field: far beyond these a run is a mistake, not an experiment
 INT_RANGES = {
-    "batch_size": (1, 2**24),
+    "batch_size": BATCH_SIZE_RANGE,
     "seq_len": (1, 2**20),
     "steps": (1, 10**8),
     "warmup_steps": (0, 10**7),
     "log_every": (1, 10**8),
     "tokens_per_sample": (1, 2**30),
-    "seed": (0, 2**63 - 1),
+    "seed": SEED_RANGE,
     "eval_every": (0, 10**8),
     "eval_batches": (1, 10**4),
     "eval_new_tokens": (0, 10**5),
 }
-LR_RANGE = (1e-8, 1.0)
 INITS = ("random", "pretrained")
 TRANSFORM_ROUNDS_RANGE = (0, 100_000)
 

@@ -187,6 +187,16 @@ def mfu_dtype(ctx: BuildContext) -> str:
     return "tf32" if ctx.tf32_matmuls else "fp32"
 
 
+def mfu_dtype_of(toggles: dict, device: torch.device) -> str:
+    """The dtype MFU is read against for a run with `toggles`, decided as a run decides it: the precision fields
+    its process and precision toggles set (for a Trainer run, whose toggles are mapped from its arguments)."""
+    with contextlib.ExitStack() as stack:  # the process-wide flags a toggle sets are undone here
+        ctx = BuildContext(config=None, hw=None, device=device, stack=stack)
+        for phase in PHASES[:PHASES.index("precision") + 1]:
+            apply_toggles(ctx, phase, toggles)
+        return mfu_dtype(ctx)
+
+
 def batch_tokens(ctx: BuildContext, batch) -> int:
     """Tokens in this rank's `batch` (rows × tokens per row); refuses a batch the step cannot split."""
     cfg = ctx.config

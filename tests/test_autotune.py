@@ -263,7 +263,7 @@ def test_the_winner_exports_as_training_arguments_that_read_back_as_the_winner(t
     exec(compile(code[:code.index("trainer = Trainer(")], "exported.py", "exec"), namespace)
     assert isinstance(namespace["args"], transformers.TrainingArguments)
     back = RunConfig.from_training_arguments(namespace["args"])
-    training_side = {n: v for n, v in result.best.toggles.items() if n not in hf_args.MODEL_SIDE}
+    training_side = {n: v for n, v in result.best.toggles.items() if n not in hf_args.model_side(result.best)}
     assert {n: v for n, v in back.toggles.items() if n != "optim"} == \
         {n: v for n, v in training_side.items() if n != "fused_adamw"}
     assert back.toggles["optim"] == "adamw_torch_fused"  # fused_adamw is TrainingArguments' optim="adamw_torch_fused"

@@ -19,7 +19,8 @@ from scalekit import ConfigError, RunConfig  # noqa: E402
 from scalekit.cli import main  # noqa: E402
 from scalekit.hf import arguments as hf_args  # noqa: E402
 from scalekit.hf.export import export_code  # noqa: E402
-from scalekit.toggles import TOGGLES, Toggle  # noqa: E402
+from scalekit.toggles import TOGGLES, Toggle, needs_process_group, register, unregister  # noqa: E402
+from scalekit.toggles.base import EXPORT_TARGETS, Call, Spelling  # noqa: E402
 from scalekit.toggles.compile import COMPILE_MODES  # noqa: E402
 
 # transformers.TrainingArguments is looked up when a test runs, not at collection: importing it imports peft and so
@@ -45,28 +46,51 @@ def test_a_real_training_arguments_maps_field_by_field(tmp_path):
     notes = " ".join(cfg.notes)
     assert "weight_decay=0.1" in notes and "warmup_steps=10" in notes  # set, not mapped: said with the value
     assert "adam_beta1" in notes and "max_grad_norm" in notes  # at their defaults, not mapped: named
-    mapped_elsewhere = set(hf_args.MAPPED) | set(hf_args.DATA_TOGGLES)
     for f in dataclasses.fields(transformers.TrainingArguments):
-        if f.init and f.name not in mapped_elsewhere:
+        if f.init and f.name not in hf_args.MAPPED:
             assert f.name in notes, f"{f.name} is neither mapped nor listed"
 
 
-def test_data_loader_fields_map_once_scalekit_has_their_toggle(monkeypatch):
-    given_ = {"dataloader_num_workers": 4, "dataloader_pin_memory": True}
-    for field, (toggle, _) in hf_args.DATA_TOGGLES.items():
-        if toggle not in TOGGLES and field in given_:  # today: listed as not mapped yet, by name
-            _, notes = hf_args.run_config_fields(given_)
-            assert any(f"{field}={given_[field]!r} not mapped yet" in n and repr(toggle) in n for n in notes)
+class PersistentWorkers(Toggle):
+    """A toggle the registry does not have: it declares its TrainingArguments field and its spellings, nothing else."""
 
-    class Workers(Toggle):  # what the data pipeline's toggle would be: the table maps it with no other change
-        name, summary, phase = "dataloader_num_workers", "DataLoader workers", "data"
-        choices = (2, 4, 8)
+    name, summary, phase = "persistent_workers", "DataLoader workers kept from one epoch to the next", "data"
+    training_fields = {"dataloader_persistent_workers": False}
 
-    monkeypatch.setitem(TOGGLES, "dataloader_num_workers", Workers())
-    fields, notes = hf_args.run_config_fields(given_)
-    assert fields["toggles"]["dataloader_num_workers"] == 4
-    assert not any("dataloader_num_workers" in n for n in notes)
-    assert hf_args.training_arguments(RunConfig(batch_size=8))["dataloader_num_workers"] == 0
+    def from_training_arguments(self, fields, notes):
+        return fields["dataloader_persistent_workers"] or None
+
+    def spelling(self, target, value, cfg):
+        return Spelling(kwargs={"dataloader_persistent_workers": True}) if target == "hf" else \
+            Spelling(loader={"persistent_workers": "True"})
+
+    def off_spelling(self, target, cfg):
+        return Spelling(kwargs={"dataloader_persistent_workers": False}) if target == "hf" else Spelling()
+
+    def apply(self, ctx, value):
+        ctx.loader_kwargs["persistent_workers"] = True
+
+
+def test_a_toggle_maps_its_own_training_arguments_fields_once_registered():
+    fields, notes = hf_args.run_config_fields({"dataloader_num_workers": 4})
+    assert fields["toggles"]["dataloader_num_workers"] == 4 and not any("dataloader_num_workers" in n for n in notes)
+    assert hf_args.training_arguments(RunConfig(batch_size=8))["dataloader_num_workers"] == 0  # what "off" writes
+    given_ = {"dataloader_persistent_workers": True}
+    _, notes = hf_args.run_config_fields(given_)  # no toggle reads it yet: listed as not mapped, with its value
+    assert any("not mapped" in n and "dataloader_persistent_workers=True" in n for n in notes)
+    register(PersistentWorkers())  # the toggle's own declarations map it, with no change to scalekit.hf
+    try:
+        assert hf_args.DEFAULTS["dataloader_persistent_workers"] is False
+        fields, notes = hf_args.run_config_fields(given_)
+        assert fields["toggles"]["persistent_workers"] is True
+        assert not any("dataloader_persistent_workers" in n for n in notes)
+        assert hf_args.training_arguments(RunConfig(batch_size=8))["dataloader_persistent_workers"] is False
+        cfg = RunConfig(batch_size=8, toggles=["persistent_workers"], device="cpu")
+        assert hf_args.training_arguments(cfg)["dataloader_persistent_workers"] is True
+        assert "shuffle=True, persistent_workers=True)" in export_code(cfg, "accelerate")
+    finally:
+        unregister("persistent_workers")
+    assert "dataloader_persistent_workers" not in hf_args.MAPPED
 
 
 def test_unsupported_values_are_said_or_refused_naming_the_field():
@@ -170,7 +194,7 @@ def test_exported_transformers_code_builds_the_same_training_arguments(toggles, 
     args = namespace["args"]
     assert isinstance(args, transformers.TrainingArguments)
     # what transformers.TrainingArguments carries comes back; the model-side toggles are in the model the code built
-    training_side = {n: v for n, v in cfg.toggles.items() if n not in hf_args.MODEL_SIDE}
+    training_side = {n: v for n, v in cfg.toggles.items() if n not in hf_args.model_side(cfg)}
     assert RunConfig.from_training_arguments(args, world_size=world) == dataclasses.replace(cfg, toggles=training_side)
     model = namespace["model"]
     assert model.config._attn_implementation == ("sdpa" if "sdpa" in toggles else "eager")
@@ -250,7 +274,7 @@ def test_exported_code_carries_what_the_trainer_arguments_cannot():
     assert 'set_float32_matmul_precision("high")' in lightning and "torch.cuda.empty_cache()" in lightning
     assert "bnb.optim.Adam8bit(self.parameters(), lr=0.001)" in lightning
     hf = export_code(dataclasses.replace(cfg, toggles={"checkpointing": "sequential"}), "hf")
-    assert "# note: checkpointing='sequential' has no TrainingArguments field" in hf
+    assert "# not carried: checkpointing='sequential': has no TrainingArguments field" in hf
     with pytest.warns(UserWarning, match="optim='adam_bnb_8bit' → 'adamw_bnb_8bit'"):
         assert cfg.to_training_arguments()["weight_decay"] == 0.0  # Adam8bit: AdamW8bit without decay
     with pytest.raises(ConfigError, match="unknown target 'keras'; allowed: hf, accelerate, lightning"):
@@ -289,3 +313,118 @@ def test_data_loader_fields_map_to_the_data_toggles_and_pinning_only_where_there
         assert any(n.startswith("dataloader_pin_memory=True: the Trainer pins batches only on a GPU") for n in cfg.notes)
     assert cfg.toggles == expected
     assert RunConfig.from_training_arguments({"dataloader_pin_memory": False, "optim": "adamw_torch"}).toggles == {}
+
+
+# -- every toggle, every framework: carried, or listed with why ---------------------------------------------------
+def on_alone(name: str) -> tuple[RunConfig | None, int]:
+    """A training RunConfig with toggle `name` on at its default (and the first toggle it needs), and the processes it
+    runs in; None for a toggle no training config can hold (it replaces the weights of the model being trained)."""
+    toggle = TOGGLES[name]
+    toggles = {**{need: True for need in toggle.requires[:1]}, name: True}
+    try:
+        cfg = RunConfig(toggles=toggles, batch_size=8, device="cpu", eval_every=0 if "train" in toggle.loops else 5)
+    except ConfigError:
+        assert toggle.changes_weights, name
+        return None, 1
+    return cfg, 2 if needs_process_group(cfg.toggles) else 1
+
+
+def unwritten(spelled: Spelling, code: str, target: str) -> list[str]:
+    """The pieces of `spelled` that `code` does not hold; a keyword argument merged with another toggle's (a dict, a
+    Call) is looked for key by key.  TrainingArguments' values are Python values, the other targets' source text."""
+    pieces = [*spelled.imports, *spelled.setup, *spelled.model, *spelled.wrap, *spelled.after_step,
+              *(f"{k}={v}" for k, v in spelled.model_kwargs.items()), *(f"{k}={v}" for k, v in spelled.loader.items()),
+              *([spelled.optimizer] if spelled.optimizer else []), *(f"# note: {n}" for n in spelled.notes)]
+    for key, value in spelled.kwargs.items():
+        if isinstance(value, dict):
+            pieces += [f"{key}=", *(f"{k!r}: {v!r}" for k, v in value.items())]
+        elif isinstance(value, Call):
+            pieces += [f"{key}={value.name}(", *(f"{k}={v}" for k, v in value.kwargs.items())]
+        else:
+            pieces.append(f"{key}={value!r}" if target == "hf" else f"{key}={value}")
+    assert pieces, "a spelling that carries a toggle writes something"
+    return [p for p in pieces if p not in code]
+
+
+@pytest.mark.parametrize("target", EXPORT_TARGETS)
+@pytest.mark.parametrize("name", list(TOGGLES))
+def test_every_toggle_is_carried_or_listed_with_why_by_every_export(name, target):
+    cfg, world = on_alone(name)
+    value = TOGGLES[name].validate(True)
+    if cfg is None:  # nothing to export; still, asked, it says why no training code carries it
+        assert TOGGLES[name].spelling(target, value, RunConfig()).missing
+        return
+    code = export_code(cfg, target, world_size=world)
+    compile(code, f"{target}.py", "exec")
+    spelled = TOGGLES[name].spelling(target, value, cfg)
+    if spelled.missing:
+        assert f"# not carried: {hf_args.label(name, value)}: {spelled.missing}" in code
+    elif spelled.gpu_only and not torch.cuda.is_available():  # refused here: left out of code that is to run here
+        assert f"# not carried: {hf_args.label(name, value)}: refused where there is no GPU" in code
+    else:
+        assert not unwritten(spelled, code, target), (unwritten(spelled, code, target), code)
+    if target == "hf":  # to_training_arguments: as arguments, or named in its warning (with why)
+        kwargs, notes = hf_args.training_arguments_and_notes(cfg, world)
+        hf = TOGGLES[name].spelling("hf", value, cfg)
+        assert set(hf.kwargs) <= set(kwargs) and (hf.kwargs or any(n.startswith(hf_args.label(name, value)) or
+                                                                   f"not carried: {hf_args.label(name, value)}:" in n
+                                                                   for n in notes)), (kwargs, notes)
+
+
+def test_an_export_carries_adapters_a_quantized_base_and_a_new_head_and_lists_what_it_cannot(capsys):
+    assert main(["export", "hf", "--toggle", "lora=8", "--toggle", "quantized_base=nf4"]) == 0
+    out = capsys.readouterr().out
+    assert "LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=\"all-linear\", use_dora=False" in out
+    assert "get_peft_model(model, adapters)" in out and "fan_in_fan_out=any(isinstance(m, Conv1D)" in out
+    assert 'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")' in out
+    for target in EXPORT_TARGETS:
+        dora = export_code(RunConfig(toggles={"dora": 4, "data_echo": 2}, batch_size=8), target)
+        assert "LoraConfig(r=4, lora_alpha=8" in dora and "use_dora=True" in dora
+        assert "# not carried: data_echo=2: no framework has a switch" in dora
+        head = export_code(RunConfig(toggles=["head_only"], adapter_targets=["c_attn"], batch_size=8), target)
+        assert "p.requires_grad_(False)" in head and "model.set_output_embeddings(copy.deepcopy(" in head
+    targeted = export_code(RunConfig(toggles={"lora": 16}, adapter_targets=["c_attn"]), "accelerate")
+    assert "target_modules=['c_attn']" in targeted
+    with pytest.warns(UserWarning, match=r"not carried: lora=8: model-side in Transformers \(adapters = LoraConfig") as said:
+        kwargs = RunConfig(toggles={"lora": 8, "quantized_base": "nf4", "data_echo": 2}, batch_size=8).to_training_arguments()
+    assert "not carried: data_echo=2: no framework has a switch" in str(said[0].message)
+    assert "not carried: quantized_base='nf4': model-side in Transformers" in str(said[0].message)
+    assert RunConfig.from_training_arguments(kwargs).batch_size == 8
+
+
+# -- every field read, every kind of value: accepted, or refused naming the field ----------------------------------
+ANY_VALUE = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |
+                         st.text(max_size=12) | st.sampled_from(["offload", "full_shard offload", "inductor", "adafactor",
+                                                                 "max-autotune", "adamw_torch", "8", "-1", ""]),
+                         lambda inner: st.lists(inner, max_size=3) |
+                         st.dictionaries(st.sampled_from(["every_n_layers", "use_reentrant", "version", "cpu_offload",
+                                                          "zero_optimization", "stage", "non_blocking", "x"]),
+                                         inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(sorted(hf_args.RUN_FIELDS.keys() | {f for t in TOGGLES.values() for f in t.training_fields})),
+       value=ANY_VALUE, world=st.sampled_from([1, 2]))
+def test_every_field_read_takes_a_value_or_refuses_it_naming_the_field(field, value, world):
+    try:
+        cfg = RunConfig.from_training_arguments({field: value}, world_size=world)
+    except ConfigError as exc:
+        assert "TrainingArguments" in str(exc) and field in str(exc), (field, value, str(exc))
+    else:
+        assert isinstance(cfg, RunConfig)
+
+
+def test_a_field_of_the_wrong_kind_is_refused_naming_it_and_what_it_allows():
+    with pytest.raises(ConfigError, match=r"TrainingArguments.per_device_train_batch_size must be a positive integer "
+                                          r"from 1 to 16,777,216, got 'eight'"):
+        RunConfig.from_training_arguments({"per_device_train_batch_size": "eight"})
+    for field, value, allowed in (("bf16", "yes", "True or False"), ("tf32", 1, "True, False or None"),
+                                  ("learning_rate", 2.0, "a number from 1e-08 to 1"),
+                                  ("gradient_accumulation_steps", 0, "a positive integer"),
+                                  ("optim", 3, "an optimizer's name"), ("fsdp", 3, "None, True, or FSDP options"),
+                                  ("activation_checkpointing_kwargs", [1], "a dict"), ("deepspeed", 3, "a dict")):
+        with pytest.raises(ConfigError, match=f"TrainingArguments.{field} must be {allowed}"):
+            RunConfig.from_training_arguments({field: value})
+    with pytest.raises(ConfigError, match=r"TrainingArguments.activation_checkpointing_kwargs\['every_n_layers'\] must"):
+        RunConfig.from_training_arguments({"activation_checkpointing": True, "activation_checkpointing_kwargs":
+                                           {"every_n_layers": "2"}})

@@ -1,10 +1,13 @@
-"""TrainingArguments in and out: what each Hugging Face training argument is in scalekit, field by field.
+"""TrainingArguments in and out, by what each toggle says of itself; and the walk over a config's toggles that both
+directions and the exporters (scalekit.hf.export) share.
 
-`run_config_fields(args)` reads a transformers.TrainingArguments (or the dict of its keyword arguments) into
-RunConfig fields and notes; `training_arguments(cfg)` writes a RunConfig back as TrainingArguments keyword
-arguments.  RunConfig.from_training_arguments / to_training_arguments call these.  A field that is not mapped
-is listed in a note, never dropped without a word; a toggle TrainingArguments has no field for is named in a
-warning (the exported code in scalekit.hf.export carries it as model-side code).
+`run_config_fields(args)` reads a transformers.TrainingArguments (or the dict of its keyword arguments) into RunConfig
+fields and notes; `training_arguments(cfg)` writes a RunConfig back as TrainingArguments keyword arguments.
+RunConfig.from_training_arguments / to_training_arguments call these.  Each toggle declares the fields it reads and
+what it writes (Toggle.training_fields, from_training_arguments, spelling, off_spelling): this module puts that
+together in ORDER and names no toggle.  A field that is not mapped is listed in a note, never dropped without a word;
+a toggle TrainingArguments has no field for is named in a warning, with why (the code scalekit.hf.export writes
+carries the model-side ones).
 
 Two scalekit spellings export to one TrainingArguments value and come back as the first: the baseline
 optimizer and optim='adamw_torch' (both torch's AdamW: it comes back as the baseline), fused_adamw and
@@ -17,189 +20,101 @@ This module imports neither transformers nor RunConfig: it runs on dicts and on 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
+from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..errors import ConfigError
-from ..toggles import TOGGLES
-from ..toggles.compile import COMPILE_MODES
+from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
+from ..toggles.base import Spelling
 
-# TrainingArguments' defaults for the fields mapped here (tests/test_hf_arguments.py checks them against the
-# installed transformers): a dict of keyword arguments leaves the others at these.
-DEFAULTS = {
-    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "activation_checkpointing": None,
-    "activation_checkpointing_kwargs": None, "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None,
-    "bf16": False, "fp16": False, "tf32": None, "optim": "adamw_torch_fused", "dataloader_num_workers": 0,
-    "dataloader_pin_memory": True, "dataloader_drop_last": False, "torch_empty_cache_steps": None,
-    "torch_compile": False, "torch_compile_mode": None, "torch_compile_backend": None, "learning_rate": 5e-5,
-    "seed": 42, "use_cpu": False, "fsdp": None, "fsdp_config": None, "deepspeed": None,
-}
-MAPPED = tuple(DEFAULTS)
+# TrainingArguments fields read for RunConfig's own fields (not toggles), with their defaults there
+RUN_FIELDS = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "seed": 42, "use_cpu": False}
 
-# optim: TrainingArguments name -> scalekit's optim toggle value (None: the baseline, torch AdamW)
-OPTIM_IN = {"adamw_torch": None, "adamw_torch_fused": "adamw_torch_fused", "adamw_bnb_8bit": "adamw_bnb_8bit",
-            "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit", "lion_8bit": "lion_8bit",
-            "adafactor": "adafactor"}
-# scalekit's optim toggle value -> TrainingArguments name, with what is approximate about it
-OPTIM_OUT = {"adamw_torch": ("adamw_torch", ""), "adamw_torch_fused": ("adamw_torch_fused", ""),
-             "adamw_bnb_8bit": ("adamw_bnb_8bit", ""), "paged_adamw_8bit": ("paged_adamw_8bit", ""),
-             "lion_8bit": ("lion_8bit", ""),
-             "adafactor": ("adafactor", "TrainingArguments' adafactor is transformers' Adafactor; scalekit's is "
-                                        "torch.optim.Adafactor"),
-             "adamw_torch_foreach": ("adamw_torch", "TrainingArguments has no foreach switch: adamw_torch is torch's "
-                                                    "AdamW, foreach by default on a GPU"),
-             "adam_bnb_8bit": ("adamw_bnb_8bit", "TrainingArguments has no Adam8bit: AdamW8bit with weight_decay=0 "
-                                                 "is the same update")}
-# torch's default weight decay for each optimizer scalekit builds (TrainingArguments' default is 0.0)
-WEIGHT_DECAY = {"adamw_torch": 0.01, "adamw_torch_fused": 0.01, "adamw_torch_foreach": 0.01,
-                "adamw_bnb_8bit": 0.01, "paged_adamw_8bit": 0.01, "adam_bnb_8bit": 0.0, "lion_8bit": 0.0,
-                "adafactor": 0.0}
 
-# Data-loader arguments: TrainingArguments field -> (scalekit toggle, the field's value when the toggle is off).
-# A toggle scalekit does not have (yet) is listed as "not mapped yet"; once it exists in TOGGLES it maps.
-DATA_TOGGLES = {
-    "dataloader_num_workers": ("dataloader_num_workers", 0),
-    "dataloader_pin_memory": ("dataloader_pin_memory", False),
-    "dataloader_drop_last": ("drop_last", False),
-}
-SPREAD = ("ddp", "fsdp", "deepspeed")  # toggles that run the step in several processes
+def training_defaults() -> dict:
+    """TrainingArguments' defaults for every field mapped (tests/test_hf_arguments.py checks them against the installed
+    transformers): RunConfig's own, then each toggle's training_fields.  A dict of keyword arguments leaves the others
+    at these."""
+    defaults = dict(RUN_FIELDS)
+    for toggle in ORDER:
+        defaults.update(toggle.training_fields)
+    return defaults
+
+
+def __getattr__(name: str) -> Any:
+    # DEFAULTS and MAPPED are read from the toggles registered when asked (register() adds to them)
+    if name == "DEFAULTS":
+        return training_defaults()
+    if name == "MAPPED":
+        return tuple(training_defaults())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def label(name: str, value: Any) -> str:
+    """A toggle as a config says it: its name when on, else name=value (the value's repr)."""
+    return name if value is True else f"{name}={value!r}"
 
 
 # -- in: TrainingArguments -> RunConfig fields ----------------------------------------------------------------
 def run_config_fields(args: Any, world_size: int | None = None) -> tuple[dict, list[str]]:
-    """RunConfig keyword arguments for `args` (TrainingArguments or its dict), and notes on what is not mapped."""
+    """RunConfig keyword arguments for `args` (TrainingArguments or its dict), and notes on what is not mapped.  A
+    value a field cannot take is refused with a ConfigError naming the field and what it allows."""
     given, all_fields = _read(args)
     if world_size is None:
-        world_size = int(getattr(args, "world_size", 1) or 1) if not isinstance(args, dict) else 1
-    g = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
-    toggles: dict[str, Any] = {}
+        world_size = getattr(args, "world_size", 1) or 1 if not isinstance(args, dict) else 1
+    int_in("from_training_arguments", "world_size", world_size, 1, 2**20)
+    defaults = training_defaults()
+    fields = {**defaults, **{k: v for k, v in given.items() if k in defaults}, "world_size": world_size}
     notes: list[str] = []
-    _precision_and_steps_in(g, toggles, notes)
-    _checkpointing_in(g, toggles, notes)
-    _optim_in(g, toggles, notes)
-    _data_in(g, given, toggles, notes)
-    _compile_in(g, toggles, notes)
-    _spread_in(g, toggles, notes, world_size)
-    k = toggles.get("grad_accum", 1)
-    fields = dict(batch_size=int(g["per_device_train_batch_size"]) * k * (world_size if _spread(toggles) else 1),
-                  lr=float(g["learning_rate"]), seed=int(g["seed"]), toggles=toggles)
-    if g["use_cpu"]:
-        fields["device"] = "cpu"
+    toggles = _toggles_in(fields, notes)
+    world = world_size if needs_process_group(toggles) else 1
+    per_device = int_in("TrainingArguments", "per_device_train_batch_size", fields["per_device_train_batch_size"],
+                        *BATCH_SIZE_RANGE)
+    batch = per_device * plan_facts(toggles, world).micro_batches * world
+    if batch > BATCH_SIZE_RANGE[1]:
+        raise ConfigError(f"TrainingArguments.per_device_train_batch_size × gradient_accumulation_steps × processes is "
+                          f"{batch:,} sequences a step; scalekit takes at most {BATCH_SIZE_RANGE[1]:,}")
+    out = dict(batch_size=batch, lr=real_in("TrainingArguments", "learning_rate", fields["learning_rate"], *LR_RANGE),
+               seed=int_in("TrainingArguments", "seed", fields["seed"], *SEED_RANGE), toggles=toggles)
+    check_bool("TrainingArguments", "use_cpu", fields["use_cpu"])
+    if fields["use_cpu"]:
+        out["device"] = "cpu"
     notes.extend(_unmapped_notes(given, all_fields))
-    return fields, notes
+    return out, notes
 
 
 def _read(args: Any) -> tuple[dict, bool]:
     """(field -> value, whether every field of TrainingArguments is in it)."""
     if isinstance(args, dict):
         return dict(args), False
-    import dataclasses
-
-    if not dataclasses.is_dataclass(args):
+    if not dataclasses.is_dataclass(args) or isinstance(args, type):
         raise ConfigError(f"RunConfig.from_training_arguments takes a transformers.TrainingArguments or a dict of "
                           f"its keyword arguments, got {type(args).__name__}")
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    values["optim"] = getattr(values.get("optim"), "value", values.get("optim"))
-    return values, True
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}, True
 
 
-def _precision_and_steps_in(g: dict, toggles: dict, notes: list) -> None:
-    for name in ("bf16", "fp16", "tf32"):
-        if g[name]:
-            toggles[name] = True
-    if int(g["gradient_accumulation_steps"] or 1) > 1:
-        toggles["grad_accum"] = int(g["gradient_accumulation_steps"])
-    if g["torch_empty_cache_steps"]:
-        toggles["empty_cache_steps"] = int(g["torch_empty_cache_steps"])
-        notes.append("torch_empty_cache_steps: the Trainer empties the cache in every micro-batch of each N-th "
-                     "step; scalekit's empty_cache_steps after each N-th step")
-
-
-def _checkpointing_in(g: dict, toggles: dict, notes: list) -> None:
-    on = g["activation_checkpointing"] if g["activation_checkpointing"] is not None else g["gradient_checkpointing"]
-    kwargs = dict(g["activation_checkpointing_kwargs"] or g["gradient_checkpointing_kwargs"] or {})
-    if not on:
-        return
-    toggles["checkpointing"] = int(kwargs.pop("every_n_layers", 1))
-    if kwargs.pop("use_reentrant", False):
-        notes.append("checkpointing: use_reentrant=True not mapped: scalekit checkpoints with use_reentrant=False")
-    if kwargs:
-        notes.append(f"activation_checkpointing_kwargs not mapped: {kwargs}")
-
-
-def _optim_in(g: dict, toggles: dict, notes: list) -> None:
-    name = str(getattr(g["optim"], "value", g["optim"]))
-    if name not in OPTIM_IN:
-        notes.append(f"optim={name!r} not mapped: scalekit has no such optimizer (it trains with torch AdamW); "
-                     f"mapped: {', '.join(OPTIM_IN)}")
-        return
-    if OPTIM_IN[name] is not None:
-        toggles["optim"] = OPTIM_IN[name]
-    if name == "adafactor":
-        notes.append(OPTIM_OUT["adafactor"][1])
-
-
-def _data_in(g: dict, given: dict, toggles: dict, notes: list) -> None:
-    for field, (toggle, off) in DATA_TOGGLES.items():
-        if toggle not in TOGGLES:
-            if field in given:
-                notes.append(f"{field}={given[field]!r} not mapped yet: scalekit has no {toggle!r} toggle")
+def _toggles_in(fields: dict, notes: list[str]) -> dict:
+    """Each toggle's value as it reads itself from `fields`, checked as RunConfig will check it."""
+    toggles = {}
+    for toggle in ORDER:
+        value = toggle.from_training_arguments(fields, notes)
+        if value is None:
             continue
-        value = g[field]
-        if field == "dataloader_pin_memory" and value and (g["use_cpu"] or not torch.cuda.is_available()):
-            # the Trainer pins only where there is a GPU to copy batches to (torch's DataLoader does nothing
-            # on a CPU); scalekit's toggle is refused there, so it is said, not switched on
-            notes.append("dataloader_pin_memory=True: the Trainer pins batches only on a GPU, and this run has "
-                         "none; on a GPU it maps to the dataloader_pin_memory toggle")
-            continue
-        if value not in (None, off, False, 0):
-            toggles[toggle] = True if value is True else value
-
-
-def _compile_in(g: dict, toggles: dict, notes: list) -> None:
-    mode, backend = g["torch_compile_mode"], g["torch_compile_backend"]
-    if not (g["torch_compile"] or mode or backend):
-        return
-    if mode is not None and mode not in COMPILE_MODES:
-        raise ConfigError(f"TrainingArguments.torch_compile_mode={mode!r} is not a mode scalekit's compile toggle "
-                          f"takes; allowed: {', '.join(COMPILE_MODES)}")
-    toggles["compile"] = mode or "default"
-    if backend not in (None, "inductor"):
-        notes.append(f"torch_compile_backend={backend!r} not mapped: scalekit compiles with inductor")
-
-
-def _spread_in(g: dict, toggles: dict, notes: list, world_size: int) -> None:
-    if g["fsdp"]:
-        toggles["fsdp"] = True
-        config = g["fsdp_config"] if isinstance(g["fsdp_config"], dict) else {}
-        items = g["fsdp"].split() if isinstance(g["fsdp"], str) else g["fsdp"] if isinstance(g["fsdp"], list) else []
-        if config.get("cpu_offload") or "offload" in items:
-            toggles["cpu_offload"] = True
-        if int(config.get("version", 2)) != 2:
-            notes.append("fsdp_config version 1 (FullyShardedDataParallel): scalekit's fsdp is FSDP2 (fully_shard)")
-    elif g["deepspeed"]:
-        toggles["deepspeed"] = _deepspeed_mode(g["deepspeed"], notes)
-        if toggles["deepspeed"] is None:
-            del toggles["deepspeed"]
-    elif world_size > 1:
-        toggles["ddp"] = True  # the Trainer runs DistributedDataParallel when launched in several processes
-
-
-def _deepspeed_mode(config: Any, notes: list) -> str | None:
-    zero = config.get("zero_optimization", {}) if isinstance(config, dict) else None
-    if not zero or zero.get("stage") not in (1, 2, 3):
-        notes.append("deepspeed not mapped: give a dict config with zero_optimization.stage 1, 2 or 3 (a path "
-                     "to a JSON file is not read)")
-        return None
-    offload = "offload_optimizer" in zero or "offload_param" in zero
-    return f"zero{zero['stage']}" + ("-offload" if offload else "")
+        try:
+            toggles[toggle.name] = toggle.validate(value, "TrainingArguments")
+        except ConfigError as exc:  # a value the fields gave that the toggle does not take: said by its fields
+            raise ConfigError(f"TrainingArguments {', '.join(toggle.training_fields)}: {exc}") from None
+    return toggles
 
 
 def _unmapped_notes(given: dict, all_fields: bool) -> list[str]:
     """The fields not mapped: those set away from TrainingArguments' defaults with their values, then the rest."""
-    rest = {k: v for k, v in given.items() if k not in MAPPED and k not in DATA_TOGGLES}
+    mapped = training_defaults()
+    rest = {k: v for k, v in given.items() if k not in mapped}
     if not rest:
         return []
     defaults = _training_arguments_defaults() if all_fields else {}
@@ -214,12 +129,65 @@ def _unmapped_notes(given: dict, all_fields: bool) -> list[str]:
 
 
 def _training_arguments_defaults() -> dict:
-    import dataclasses
-
     from transformers import TrainingArguments
 
     return {f.name: f.default for f in dataclasses.fields(TrainingArguments)
             if f.init and f.default is not dataclasses.MISSING}
+
+
+# -- out: the toggles' spellings, put together ----------------------------------------------------------------
+def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[str]]:
+    """Every toggle of `cfg` spelled for `target` and put together (Spelling's rules): what the toggles that are off
+    write, then those on, in ORDER; and, for each toggle on that `target` cannot carry, "label: why".  `here`: for
+    code run on this machine, which leaves out what the framework refuses where there is no GPU, if it has none."""
+    total, missing = Spelling(), []
+    for toggle in ORDER:
+        if toggle.name not in cfg.toggles:
+            total = total.then(toggle.off_spelling(target, cfg))
+    for name, value in cfg.toggles.items():
+        spelled = TOGGLES[name].spelling(target, value, cfg)
+        if not spelled.missing and spelled.gpu_only and here and not torch.cuda.is_available():
+            written = ", ".join(f"{k}={v!r}" for k, v in spelled.kwargs.items()) or "it"
+            spelled = Spelling(missing=f"refused where there is no GPU, and this machine, which the code was exported "
+                                       f"to run on, has none: add {written} back to train on one")
+        if spelled.missing:
+            missing.append(f"{label(name, value)}: {spelled.missing}")
+        else:
+            total = total.then(spelled)
+    return total, missing
+
+
+def model_side(cfg: Any) -> dict[str, str]:
+    """The toggles of `cfg` that Transformers carries in the model, not in TrainingArguments: name -> their code."""
+    out = {}
+    for name, value in cfg.toggles.items():
+        spelled = TOGGLES[name].spelling("hf", value, cfg)
+        if not spelled.missing and not spelled.kwargs and (spelled.model_kwargs or spelled.model):
+            calls = [f"from_config(config, {k}={v})" for k, v in spelled.model_kwargs.items()]
+            out[name] = "; ".join([*calls, *(line.strip() for line in spelled.model)])
+    return out
+
+
+def runs_on_cpu(cfg: Any, switch: str) -> tuple[bool, str]:
+    """Whether exported code trains on the CPU: device='cpu', or 'auto' where this machine has no GPU (a framework that
+    looks for a GPU it does not find refuses bf16: "Your setup doesn't support bf16/gpu"); with the note for the second,
+    which names the framework's `switch`."""
+    if cfg.device == "cpu":
+        return True, ""
+    if cfg.device == "auto" and not torch.cuda.is_available():
+        return True, f"exported where there is no GPU: {switch} (leave it out to train on one)"
+    return False, ""
+
+
+def per_device_batch(cfg: Any, world: int) -> int | None:
+    """The micro-batch one process takes: batch_size / (micro-batches × world); None when batch_size is not set."""
+    if cfg.batch_size is None:
+        return None
+    k = plan_facts(cfg.toggles, world).micro_batches
+    if cfg.batch_size % (k * world):
+        raise ConfigError(f"export: RunConfig.batch_size={cfg.batch_size} must be divisible by grad_accum × "
+                          f"world_size = {k} × {world}: the per-device batch is a whole number")
+    return cfg.batch_size // (k * world)
 
 
 # -- out: RunConfig -> TrainingArguments keyword arguments ----------------------------------------------------
@@ -231,117 +199,31 @@ def training_arguments(cfg: Any, world_size: int = 1) -> dict:
     return kwargs
 
 
-def training_arguments_and_notes(cfg: Any, world_size: int = 1) -> tuple[dict, list[str]]:
-    """(TrainingArguments keyword arguments for `cfg`, what they do not carry exactly, in words)."""
+def training_arguments_and_notes(cfg: Any, world_size: int = 1, here: bool = False) -> tuple[dict, list[str]]:
+    """(TrainingArguments keyword arguments for `cfg`, what they do not carry exactly, in words).  `here`: for code
+    run on this machine, which trains on its CPU where it has no GPU (runs_on_cpu)."""
+    kwargs, notes, missing = hf_arguments(cfg, world_size, here)
+    notes += [f"not carried: {label(n, cfg.toggles[n])}: model-side in Transformers ({code})"
+              for n, code in model_side(cfg).items()]
+    return kwargs, notes + [f"not carried: {m}" for m in missing]
+
+
+def hf_arguments(cfg: Any, world_size: int, here: bool = False) -> tuple[dict, list[str], list[str]]:
+    """(TrainingArguments keyword arguments, notes, "label: why" of the toggles no Transformers code carries)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"to_training_arguments: world_size must be a positive integer (processes), got {world_size!r}")
-    t = dict(cfg.toggles)
-    world = world_size if _spread(t) else 1
+    world = world_size if needs_process_group(cfg.toggles) else 1
+    spelled, missing = assemble(cfg, "hf", here)
     kwargs: dict[str, Any] = {}
-    outside = _batch_out(cfg, t, world, kwargs)
-    kwargs.update(learning_rate=cfg.lr, seed=cfg.seed)
-    outside += _optim_out(t, kwargs)
-    outside += _checkpointing_out(t, kwargs)
-    for name in ("bf16", "fp16", "tf32"):
-        if name in t:
-            kwargs[name] = True
-    if cfg.device == "cpu":
-        kwargs["use_cpu"] = True
-    _data_out(t, kwargs)
-    _compile_out(t, kwargs)
-    _spread_out(t, kwargs)
-    if "empty_cache_steps" in t:
-        kwargs["torch_empty_cache_steps"] = t["empty_cache_steps"]
-    outside += [f"{n}: model-side in Transformers ({MODEL_SIDE[n]})" for n in t if n in MODEL_SIDE]
-    return kwargs, outside
-
-
-# toggles that are a change to the model, not a training argument, and the Transformers code for them
-MODEL_SIDE = {"sdpa": 'from_config(config, attn_implementation="sdpa")',
-              "nice_numbers": "model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)"}
-
-
-def _spread(toggles) -> bool:
-    return any(n in toggles for n in SPREAD)
-
-
-def per_device_batch(cfg: Any, world: int) -> int | None:
-    """The micro-batch one process takes: batch_size / (grad_accum × world); None when batch_size is not set."""
-    k = cfg.toggles.get("grad_accum", 1)
-    if cfg.batch_size is None:
-        return None
-    if cfg.batch_size % (k * world):
-        raise ConfigError(f"export: RunConfig.batch_size={cfg.batch_size} must be divisible by grad_accum × "
-                          f"world_size = {k} × {world}: the per-device batch is a whole number")
-    return cfg.batch_size // (k * world)
-
-
-def _batch_out(cfg: Any, t: dict, world: int, kwargs: dict) -> list[str]:
-    kwargs["gradient_accumulation_steps"] = t.get("grad_accum", 1)
+    notes = []
     per_device = per_device_batch(cfg, world)
     if per_device is None:
-        return ["batch_size not set: per_device_train_batch_size left to TrainingArguments' default"]
-    kwargs["per_device_train_batch_size"] = per_device
-    return []
-
-
-def _optim_out(t: dict, kwargs: dict) -> list[str]:
-    value = t.get("optim", "adamw_torch_fused" if "fused_adamw" in t else "adamw_torch")
-    name, caveat = OPTIM_OUT[value]
-    kwargs["optim"] = name
-    kwargs["weight_decay"] = WEIGHT_DECAY[value]  # scalekit builds torch's defaults; TrainingArguments' is 0.0
-    return [f"optim={value!r} → {name!r}: {caveat}"] if caveat else []
-
-
-def _checkpointing_out(t: dict, kwargs: dict) -> list[str]:
-    if "checkpointing" not in t:
-        return []
-    every = t["checkpointing"]
-    if every == "sequential":
-        return ["checkpointing='sequential' has no TrainingArguments field (torch's checkpoint_sequential)"]
-    name = checkpointing_field()
-    kwargs[name] = True
-    kwargs[f"{name}_kwargs"] = {"use_reentrant": False, **({"every_n_layers": every} if every != 1 else {})}
-    return []
-
-
-def checkpointing_field() -> str:
-    """'activation_checkpointing' where the installed transformers has it (5.x), else 'gradient_checkpointing'."""
-    try:
-        import dataclasses
-
-        from transformers import TrainingArguments
-    except ImportError:
-        return "gradient_checkpointing"
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-
-
-def _data_out(t: dict, kwargs: dict) -> None:
-    for field, (toggle, off) in DATA_TOGGLES.items():
-        if toggle in TOGGLES:
-            kwargs[field] = t[toggle] if toggle in t else off
-
-
-def _compile_out(t: dict, kwargs: dict) -> None:
-    if "compile" in t:
-        kwargs["torch_compile"] = True
-        kwargs["torch_compile_backend"] = "inductor"
-        if t["compile"] != "default":
-            kwargs["torch_compile_mode"] = t["compile"]
-
-
-def _spread_out(t: dict, kwargs: dict) -> None:
-    if "fsdp" in t:
-        kwargs["fsdp"] = True
-        kwargs["fsdp_config"] = {"version": 2, "reshard_after_forward": True,
-                                 **({"cpu_offload": True} if "cpu_offload" in t else {})}
-    if "deepspeed" in t:
-        mode = t["deepspeed"]
-        zero: dict = {"stage": int(mode[4])}
-        if mode.endswith("-offload"):
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-            if zero["stage"] == 3:
-                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-        kwargs["deepspeed"] = {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
-                               "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+        notes.append("batch_size not set: per_device_train_batch_size left to TrainingArguments' default")
+    else:
+        kwargs["per_device_train_batch_size"] = per_device
+    kwargs.update(learning_rate=cfg.lr, seed=cfg.seed)
+    cpu, why = runs_on_cpu(cfg, "use_cpu=True") if here else (cfg.device == "cpu", "")
+    if cpu:
+        kwargs["use_cpu"] = True
+    kwargs.update(spelled.kwargs)
+    return kwargs, [*([why] if why else []), *spelled.notes], missing

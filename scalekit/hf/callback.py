@@ -37,6 +37,8 @@ from ..measure import memory
 from ..measure.results import RunResult, StepRecord
 from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
+from ..training import mfu_dtype_of
+from .arguments import run_config_fields, training_defaults
 
 
 class ScalekitCallback(TrainerCallback):
@@ -68,6 +70,8 @@ class ScalekitCallback(TrainerCallback):
         self.hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self.result = RunResult(label=self.label, config=_args_summary(args), device=self.hw.device_name,
                                 torch_version=torch.__version__)
+        # the toggles these arguments are in scalekit: MFU is read against the peak of the dtype they compute in
+        self.toggles = run_config_fields(args, args.world_size)[0]["toggles"]
         self.own_s += time.perf_counter() - t0
 
     def _count_tokens(self, module, args, kwargs) -> None:
@@ -166,19 +170,22 @@ class ScalekitCallback(TrainerCallback):
 
 def _args_summary(args) -> dict:
     """The TrainingArguments that decide what a step does, for the result's config."""
-    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32", "optim",
-            "activation_checkpointing", "torch_compile", "torch_compile_mode", "learning_rate", "seed", "max_steps")
-    summary = {k: str(getattr(args, k, None)) if k == "optim" else getattr(args, k, None) for k in keys}
+    keys = (*training_defaults(), "max_steps")  # every field scalekit maps (the toggles', batch, lr, seed); the length
+    summary = {k: _plain(getattr(args, k, None)) for k in keys}
     # sequences per optimizer step over every process, as RunConfig.batch_size counts them
     summary["batch_size"] = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     return summary
 
 
+def _plain(value):
+    """A TrainingArguments value as JSON takes it (its enums, such as optim, by their value)."""
+    return getattr(value, "value", value)
+
+
 def _summarise(cb: ScalekitCallback, r: RunResult) -> None:
     r.flops_per_step = cb.counted_flops
-    args = cb.result.config  # the Trainer's arguments: their precision fields say which peak MFU is read against
-    dtype = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "tf32" if args.get("tf32") else "fp32"
-    peak, why = (cb.peak_tflops, "peak_tflops given") if cb.peak_tflops else cb.hw.peak_tflops(dtype)
+    peak, why = (cb.peak_tflops, "peak_tflops given") if cb.peak_tflops else \
+        cb.hw.peak_tflops(mfu_dtype_of(cb.toggles, cb.device))
     measured = summarise_steps(r, peak, why)
     if not measured:
         r.notes.append(f"no measured steps: the run had {len(r.steps)} steps, warmup_steps={cb.warmup_steps}")

@@ -66,3 +66,15 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
     kind = "DoRA" if use_dora else "LoRA"
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"
+
+
+def peft_code(rank: int, use_dora: bool, names=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(imports, lines) that build in exported code the same adapters `add_adapters` builds, on `model`."""
+    targets = repr(list(names)) if names else '"all-linear"'  # the blocks' linear layers
+    imports = ("from peft import LoraConfig, get_peft_model", "from transformers.pytorch_utils import Conv1D")
+    lines = (f"adapters = LoraConfig(r={rank}, lora_alpha={2 * rank}, lora_dropout=0.0, target_modules={targets}, "
+             f"use_dora={use_dora},",
+             "                      fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()))  "
+             "# Conv1D stores (in, out)",
+             f"model = get_peft_model(model, adapters)  # {'dora' if use_dora else 'lora'}={rank}")
+    return imports, lines

@@ -27,7 +27,7 @@ from ..hardware import detect, gpu_count_without_cuda_init
 from ..models import GPT
 from ..models.blocks import block_linears
 from ..models.presets import PRESETS
-from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles
+from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles, plan_facts
 from .estimate import Estimate
 from .gpt import gpt_estimate
 from .ranks import per_rank
@@ -60,14 +60,6 @@ def estimate(config: RunConfig, device: str | None = None, world_size: int | Non
         single = per_rank(single, facts, world, device_type == "cuda")
     single.notes.extend(TOGGLES[n].plan_note for n in cfg.toggles if TOGGLES[n].plan_note)
     return single
-
-
-def plan_facts(toggles: dict, world_size: int = 1) -> PlanFacts:
-    """What `toggles` change in a step's memory, as each toggle tells it (Toggle.plan)."""
-    facts = PlanFacts(world_size=world_size)
-    for name, value in toggles.items():
-        TOGGLES[name].plan(facts, value)
-    return facts
 
 
 def _device_type(config: RunConfig, device: str | None) -> str:

@@ -37,7 +37,7 @@ from . import (
     training_format,
     vectorized_transforms,
 )
-from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Toggle, Tune
+from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
 
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
@@ -182,11 +182,19 @@ def apply_toggles(ctx: BuildContext, phase: str, toggles: dict, loop: str = "tra
             toggle.apply(ctx, toggles[toggle.name])
 
 
+def plan_facts(toggles: dict, world_size: int = 1) -> PlanFacts:
+    """What `toggles` change in a training step, as each says it (Toggle.plan), for a run over `world_size` ranks."""
+    facts = PlanFacts(world_size=world_size)
+    for name, value in toggles.items():
+        TOGGLES[name].plan(facts, value)
+    return facts
+
+
 def needs_process_group(toggles) -> bool:
     """Whether any of `toggles` (names) needs the run to join a process group before it is built."""
     return any(TOGGLES[name].needs_process_group for name in toggles)
 
 
-__all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination",
-           "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "BuildContext", "OptimizerStep",
-           "PHASES", "LOOPS"]
+__all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination", "plan_facts",
+           "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "Spelling", "BuildContext",
+           "OptimizerStep", "PHASES", "LOOPS"]

@@ -152,6 +152,63 @@ def needs_a_gpu(hw, what: str) -> tuple[bool, str]:
                    f"where batches are not copied at all")
 
 
+EXPORT_TARGETS = ("hf", "accelerate", "lightning")  # the frameworks a toggle is spelled in (Toggle.spelling)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call written in exported code, `name(key=value, ...)`, the values as source text.  Where two toggles spell
+    one keyword argument as calls of one name, their arguments merge (cpu_offload's into fsdp's plugin)."""
+
+    name: str
+    kwargs: Mapping[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.kwargs.items())})"
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one toggle is written in one framework's code (Toggle.spelling).  scalekit.hf.arguments and
+    scalekit.hf.export walk a config's toggles in ORDER and put these pieces in place, so they name no toggle:
+    what toggles write when off is laid down first, then each toggle that is on writes over it.  A keyword argument
+    two toggles write merges where both are dicts or Calls of one name; otherwise the later toggle's value stands."""
+
+    kwargs: Mapping[str, Any] = field(default_factory=dict)  # TrainingArguments (values), Accelerator, L.Trainer (source, Call)
+    imports: tuple[str, ...] = ()  # import lines the pieces below need
+    setup: tuple[str, ...] = ()  # lines run first: process-wide flags (Accelerate: atop the training function)
+    model_kwargs: Mapping[str, str] = field(default_factory=dict)  # AutoModelForCausalLM.from_config's, as source text
+    model: tuple[str, ...] = ()  # lines run on the built `model`, in ORDER: vocabulary, weights, adapters, what trains
+    wrap: tuple[str, ...] = ()  # Lightning: LightningModule.configure_model's lines, on self.model (checkpointing, compile)
+    loader: Mapping[str, str] = field(default_factory=dict)  # DataLoader keyword arguments, source (Accelerate, Lightning)
+    optimizer: str = ""  # the optimizer over the model's parameters, source (Accelerate, Lightning); the later one stands
+    after_step: tuple[str, ...] = ()  # lines after each optimizer step (Accelerate: its loop; Lightning: on_train_batch_end)
+    notes: tuple[str, ...] = ()  # what the code carries only approximately, said beside it
+    missing: str = ""  # why this framework cannot carry the toggle ("" when it can): a `# not carried:` line, a warning
+    gpu_only: bool = False  # the framework refuses it where there is no GPU: code exported on such a machine leaves it out
+
+    def then(self, later: Spelling) -> Spelling:
+        """This spelling and a later toggle's together, by the rules above (`missing` is the caller's to say)."""
+        kwargs = dict(self.kwargs)
+        for key, value in later.kwargs.items():
+            kwargs[key] = merged(kwargs[key], value) if key in kwargs else value
+        return Spelling(kwargs=kwargs, imports=self.imports + tuple(i for i in later.imports if i not in self.imports),
+                        setup=self.setup + later.setup, model_kwargs={**self.model_kwargs, **later.model_kwargs},
+                        model=self.model + later.model, wrap=self.wrap + later.wrap, loader={**self.loader, **later.loader},
+                        optimizer=later.optimizer or self.optimizer, after_step=self.after_step + later.after_step,
+                        notes=self.notes + later.notes)
+
+
+def merged(earlier: Any, later: Any) -> Any:
+    """One keyword argument two toggles spell: dicts, and Calls of one name, merge (the later's keys standing); else
+    the later value stands."""
+    if isinstance(earlier, dict) and isinstance(later, dict):
+        return {**earlier, **later}
+    if isinstance(earlier, Call) and isinstance(later, Call) and earlier.name == later.name:
+        return Call(later.name, {**earlier.kwargs, **later.kwargs})
+    return later
+
+
 class Toggle:
     """One optimization.  Subclasses set the class attributes and implement `apply`."""
 
@@ -245,6 +302,27 @@ class Toggle:
 
     def __repr__(self) -> str:
         return f"<Toggle {self.name}: {self.summary}>"
+
+    # -- how it is spelled in the frameworks (scalekit.hf.arguments and scalekit.hf.export read these) ------------
+    training_fields: Mapping[str, Any] = {}  # TrainingArguments fields it reads -> their defaults there
+
+    def from_training_arguments(self, fields: Mapping[str, Any], notes: list[str]) -> Any:
+        """Its value for a TrainingArguments, or None (off).  `fields` holds every field of `training_fields` (at its
+        default where not given) and `world_size` (the processes the Trainer runs in); what does not map exactly is
+        appended to `notes`; a value the field cannot take is refused (ConfigError naming the field and what it allows)."""
+        return None
+
+    def spelling(self, target: str, value: Any, cfg: Any) -> Spelling:
+        """How the toggle, on with `value`, is written in `target`'s code (one of EXPORT_TARGETS) for RunConfig `cfg`:
+        what carries it, or (`missing`) why nothing can."""
+        if "train" not in self.loops:
+            return Spelling(missing="applies to generation (in training, to scalekit's evaluation, eval_every); the "
+                                    "exported code only trains")
+        return Spelling(missing=f"scalekit has no {target} spelling for this toggle")
+
+    def off_spelling(self, target: str, cfg: Any) -> Spelling:
+        """What `target`'s code says while the toggle is off, where that must be said (dataloader_num_workers=0)."""
+        return Spelling()
 
 
 def _called_functions(cls: type) -> list:

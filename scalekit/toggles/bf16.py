@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle, Tune
+from ..checks import check_bool
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class BF16(Toggle):
@@ -33,5 +34,18 @@ class BF16(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"bf16": False}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        check_bool("TrainingArguments", "bf16", fields["bf16"])
+        return fields["bf16"] or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return {"hf": Spelling(kwargs={"bf16": True}), "accelerate": Spelling(kwargs={"mixed_precision": "'bf16'"}),
+                "lightning": Spelling(kwargs={"precision": "'bf16-mixed'"})}[target]
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(kwargs={"precision": "'32-true'"}) if target == "lightning" else Spelling()
 
 TOGGLE = BF16()

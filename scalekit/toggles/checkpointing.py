@@ -7,8 +7,9 @@ from typing import Any
 
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from ..checks import bool_or_none, check_bool, dict_or_none, int_in
 from ..errors import ConfigError, ToggleUnavailable
-from .base import BuildContext, Tune
+from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle, as_count
 
 SEQUENTIAL = "sequential"
@@ -51,6 +52,27 @@ def checkpoint_all_sequential(blocks, segments: int) -> None:
 
 def _pass_through(x):
     return x
+
+
+def checkpointing_field() -> str:
+    """'activation_checkpointing' where the installed transformers has it (5.x), else 'gradient_checkpointing'."""
+    try:
+        import dataclasses
+
+        from transformers import TrainingArguments
+    except ImportError:
+        return "gradient_checkpointing"
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def enable_line(model: str, every: int) -> str:
+    """The line that checkpoints a Transformers `model` every `every` layers."""
+    if checkpointing_field() == "activation_checkpointing":
+        return (f'{model}.activation_checkpointing_enable(activation_checkpointing_kwargs={{"use_reentrant": False}}'
+                + (f", every_n_layers={every})" if every != 1 else ")"))
+    return (f'{model}.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})'
+            + ("  # every layer: this transformers has no every_n_layers" if every != 1 else ""))
 
 
 class Checkpointing(CountToggle):
@@ -107,5 +129,39 @@ class Checkpointing(CountToggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"activation_checkpointing": None, "activation_checkpointing_kwargs": None,
+                       "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None}
+
+    def from_training_arguments(self, fields, notes) -> int | None:
+        act, grad = (bool_or_none("TrainingArguments", n, fields[n]) for n in ("activation_checkpointing",
+                                                                               "gradient_checkpointing"))
+        act_kwargs, grad_kwargs = (dict_or_none("TrainingArguments", f"{n}_kwargs", fields[f"{n}_kwargs"])
+                                   for n in ("activation_checkpointing", "gradient_checkpointing"))
+        if not (act if act is not None else grad):  # the newer field wins where both are given
+            return None
+        name = "activation_checkpointing_kwargs" if act_kwargs or not grad_kwargs else "gradient_checkpointing_kwargs"
+        kwargs = act_kwargs or grad_kwargs
+        every = int_in("TrainingArguments", f"{name}['every_n_layers']", kwargs.pop("every_n_layers", 1), 1, 2**20)
+        reentrant = kwargs.pop("use_reentrant", False)
+        check_bool("TrainingArguments", f"{name}['use_reentrant']", reentrant)
+        if reentrant:
+            notes.append("checkpointing: use_reentrant=True not mapped: scalekit checkpoints with use_reentrant=False")
+        if kwargs:
+            notes.append(f"{name} not mapped: {kwargs}")
+        return every
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        if value == SEQUENTIAL:
+            why = ("torch's checkpoint_sequential passes one tensor from block to block, and a Transformers model's blocks "
+                   "also take masks and positions")
+            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
+        name = checkpointing_field()
+        if target == "hf":
+            return Spelling(kwargs={name: True, f"{name}_kwargs": {"use_reentrant": False,
+                                                                 **({"every_n_layers": value} if value != 1 else {})}})
+        if target == "lightning":
+            return Spelling(wrap=(enable_line("self.model", value),))
+        return Spelling(model=(enable_line("model", value),))
 
 TOGGLE = Checkpointing()

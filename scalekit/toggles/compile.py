@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_bool
+from ..errors import ConfigError
 from ..hardware import c_compiler
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -40,6 +42,31 @@ class Compile(Toggle):
         torch._dynamo.reset()
         ctx.model = torch.compile(ctx.model, mode=value)
         ctx.compiled = True
+
+    training_fields = {"torch_compile": False, "torch_compile_mode": None, "torch_compile_backend": None}
+
+    def from_training_arguments(self, fields, notes) -> str | None:
+        check_bool("TrainingArguments", "torch_compile", fields["torch_compile"])
+        mode, backend = fields["torch_compile_mode"], fields["torch_compile_backend"]
+        if mode is not None and (not isinstance(mode, str) or mode not in COMPILE_MODES):
+            raise ConfigError(f"TrainingArguments.torch_compile_mode={mode!r} is not a mode scalekit's compile toggle "
+                              f"takes; allowed: {', '.join(COMPILE_MODES)}")
+        if backend is not None and not isinstance(backend, str):
+            raise ConfigError(f"TrainingArguments.torch_compile_backend must be a backend's name or None, got {backend!r}")
+        if not (fields["torch_compile"] or mode or backend):
+            return None
+        if backend not in (None, "inductor"):
+            notes.append(f"torch_compile_backend={backend!r} not mapped: scalekit compiles with inductor")
+        return mode or "default"
+
+    def spelling(self, target, mode: str, cfg) -> Spelling:
+        if target == "hf":
+            return Spelling(kwargs={"torch_compile": True, "torch_compile_backend": "inductor",
+                                    **({"torch_compile_mode": mode} if mode != "default" else {})})
+        if target == "accelerate":
+            return Spelling(kwargs={"dynamo_plugin": f'TorchDynamoPlugin(backend="inductor", mode={mode!r})'},
+                            imports=("from accelerate.utils import TorchDynamoPlugin",))
+        return Spelling(wrap=(f"self.model = torch.compile(self.model, mode={mode!r})",))
 
 
 TOGGLE = Compile()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..checks import check_bool
 from ..distributed import available_with_ranks, distributed_available
-from .base import BuildContext, Toggle
+from .base import BuildContext, Call, Spelling, Toggle
 
 
 class CPUOffload(Toggle):
@@ -35,5 +36,23 @@ class CPUOffload(Toggle):
     def plan(self, facts, value) -> None:
         facts.offloaded = frozenset(("params", "grads", "state"))
         facts.rank_notes.append("cpu_offload keeps the shards in host memory")
+
+    training_fields = {"fsdp": None, "fsdp_config": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        # fsdp's options ("full_shard offload") and its config; fsdp, read after this toggle, refuses other kinds
+        fsdp, config = fields["fsdp"], fields["fsdp_config"]
+        options = fsdp.split() if isinstance(fsdp, str) else fsdp if isinstance(fsdp, list) else []
+        if not fsdp or isinstance(fsdp, list) and not all(isinstance(o, str) for o in fsdp):
+            return None
+        offload = config.get("cpu_offload", False) if isinstance(config, dict) else False
+        check_bool("TrainingArguments", "fsdp_config['cpu_offload']", offload)
+        return offload or "offload" in options or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        # an option of fsdp's own spelling, which merges it in (fsdp comes after this toggle in ORDER)
+        return {"hf": Spelling(kwargs={"fsdp_config": {"cpu_offload": True}}),
+                "accelerate": Spelling(kwargs={"fsdp_plugin": Call("FullyShardedDataParallelPlugin", {"cpu_offload": "True"})}),
+                "lightning": Spelling(kwargs={"strategy": Call("FSDPStrategy", {"cpu_offload": "True"})})}[target]
 
 TOGGLE = CPUOffload()

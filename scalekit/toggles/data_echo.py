@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .base import BuildContext
+from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
@@ -36,5 +36,8 @@ class DataEcho(CountToggle):
         # batch echoing, after the device copy: the echoed steps neither fetch nor copy again
         ctx.batch_wrappers.append(lambda batches: echo_batches(batches, k))
 
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(missing="no framework has a switch to use each fetched batch for k steps (it would be a "
+                                "wrapper around your DataLoader)")
 
 TOGGLE = DataEcho()

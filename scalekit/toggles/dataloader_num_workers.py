@@ -6,8 +6,9 @@ import os
 
 import torch
 
+from ..checks import int_in
 from ..data.pipeline import init_worker
-from .base import BuildContext, Tune
+from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle
 
 PREFETCH_FACTOR = 2  # batches each worker prepares ahead (torch's default): 2 × workers batches in flight
@@ -43,6 +44,19 @@ class DataloaderNumWorkers(CountToggle):
         if ctx.device.type == "cpu" and workers + threads > cores:
             ctx.notes.append(f"{workers} data worker{'s' * (workers > 1)} and {threads} compute "
                              f"thread{'s' * (threads > 1)} share {cores} core{'s' * (cores > 1)}")
+
+    training_fields = {"dataloader_num_workers": 0}
+
+    def from_training_arguments(self, fields, notes) -> int | None:
+        return int_in("TrainingArguments", "dataloader_num_workers", fields["dataloader_num_workers"], 0, 2**20) or None
+
+    def spelling(self, target, workers: int, cfg) -> Spelling:
+        if target == "hf":
+            return Spelling(kwargs={"dataloader_num_workers": workers})
+        return Spelling(loader={"num_workers": str(workers)})
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(kwargs={"dataloader_num_workers": 0}) if target == "hf" else Spelling()
 
 
 TOGGLE = DataloaderNumWorkers()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune, needs_a_gpu
+import torch
+
+from ..checks import check_bool
+from .base import BuildContext, Spelling, Toggle, Tune, needs_a_gpu
 
 
 class DataloaderPinMemory(Toggle):
@@ -27,6 +30,24 @@ class DataloaderPinMemory(Toggle):
     def apply(self, ctx: BuildContext, value) -> None:
         # the DataLoader pins each batch in a thread of the training process, after the workers made it
         ctx.loader_kwargs["pin_memory"] = True
+
+    training_fields = {"dataloader_pin_memory": True, "use_cpu": False}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        check_bool("TrainingArguments", "dataloader_pin_memory", fields["dataloader_pin_memory"])
+        if fields["dataloader_pin_memory"] and (fields["use_cpu"] or not torch.cuda.is_available()):
+            # the Trainer pins only where there is a GPU to copy batches to (torch's DataLoader does nothing on a
+            # CPU); the toggle is refused there, so it is said, not switched on
+            notes.append("dataloader_pin_memory=True: the Trainer pins batches only on a GPU, and this run has none; "
+                         "on a GPU it maps to the dataloader_pin_memory toggle")
+            return None
+        return fields["dataloader_pin_memory"] or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(kwargs={"dataloader_pin_memory": True}) if target == "hf" else Spelling(loader={"pin_memory": "True"})
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(kwargs={"dataloader_pin_memory": False}) if target == "hf" else Spelling()
 
 
 TOGGLE = DataloaderPinMemory()

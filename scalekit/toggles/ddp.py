@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch.nn.parallel import DistributedDataParallel
 
 from ..distributed import available_with_ranks, distributed_available, release_model
-from .base import BuildContext, Toggle
+from .base import BuildContext, Spelling, Toggle
 
 
 class DDP(Toggle):
@@ -37,5 +37,17 @@ class DDP(Toggle):
         facts.grad_buckets = True
         facts.rank_notes.append("ddp: every rank keeps the whole model, its gradients and optimizer state, plus "
                                 "gradient buckets (a flat copy of every gradient)")
+
+    training_fields = {"fsdp": None, "deepspeed": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        # the Trainer runs DistributedDataParallel when launched in several processes without FSDP or DeepSpeed
+        return fields["world_size"] > 1 and not fields["fsdp"] and not fields["deepspeed"] or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return {"hf": Spelling(notes=("ddp: the Trainer runs DistributedDataParallel when started in several processes",)),
+                "accelerate": Spelling(notes=("ddp: Accelerate runs DistributedDataParallel in notebook_launcher's "
+                                              "processes",)),
+                "lightning": Spelling(kwargs={"strategy": "'ddp'"})}[target]
 
 TOGGLE = DDP()

@@ -6,8 +6,9 @@ import importlib.util
 
 import torch
 
+from ..checks import dict_or_none
 from ..distributed import release_model
-from .base import BuildContext, Toggle
+from .base import BuildContext, Spelling, Toggle
 
 MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")
 
@@ -92,5 +93,38 @@ class DeepSpeed(Toggle):
             facts.offloaded = frozenset(("state", *(("params",) if stage == 3 else ())))
             note += "; the optimizer state" + (" and weights" if stage == 3 else "") + " in host memory"
         facts.rank_notes.append(note)
+
+    training_fields = {"deepspeed": None, "fsdp": None}
+
+    def from_training_arguments(self, fields, notes) -> str | None:
+        config = fields["deepspeed"]
+        if isinstance(config, str):
+            notes.append(f"deepspeed={config!r} not mapped: a JSON file is not read (give a dict config)")
+            return None
+        config = dict_or_none("TrainingArguments", "deepspeed", config)
+        if not config:
+            return None
+        if fields["fsdp"]:
+            notes.append("deepspeed not mapped: fsdp is set too, and a run shards with one of them")
+            return None
+        zero = config.get("zero_optimization")
+        if not isinstance(zero, dict) or type(zero.get("stage")) is not int or zero["stage"] not in (1, 2, 3):
+            notes.append("deepspeed not mapped: give a dict config with zero_optimization.stage 1, 2 or 3")
+            return None
+        return f"zero{zero['stage']}" + ("-offload" if "offload_optimizer" in zero or "offload_param" in zero else "")
+
+    def spelling(self, target, mode: str, cfg) -> Spelling:
+        stage, offload = int(mode[4]), mode.endswith("-offload")
+        if target == "hf":  # "auto": the Trainer fills them in from its own arguments
+            return Spelling(kwargs={"deepspeed": {"zero_optimization": ds_config(mode, 1, 1, False)["zero_optimization"],
+                                                  "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+                                                  "train_micro_batch_size_per_gpu": "auto",
+                                                  "gradient_accumulation_steps": "auto"}})
+        if target == "accelerate":
+            where = (', offload_optimizer_device="cpu"' if offload else "") + \
+                (', offload_param_device="cpu"' if offload and stage == 3 else "")
+            return Spelling(kwargs={"deepspeed_plugin": f"DeepSpeedPlugin(zero_stage={stage}{where})"},
+                            imports=("from accelerate.utils import DeepSpeedPlugin",))
+        return Spelling(kwargs={"strategy": repr(f"deepspeed_stage_{stage}" + ("_offload" if offload else ""))})
 
 TOGGLE = DeepSpeed()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..models.lora import add_adapters, peft_available
-from .base import BuildContext
+from ..models.lora import add_adapters, peft_available, peft_code
+from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
@@ -28,11 +28,15 @@ class DoRA(CountToggle):
         ctx.model, note = add_adapters(ctx.base_model, rank, use_dora=True, names=ctx.config.adapter_targets)
         ctx.notes.append(note)
 
-
     def plan(self, facts, value) -> None:
         facts.analytic = False  # the built-in GPT's analytic plan has no frozen base or adapters: traced
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, rank: int, cfg) -> Spelling:
+        imports, lines = peft_code(rank, use_dora=True, names=cfg.adapter_targets)
+        return Spelling(imports=imports, model=lines)
+
 
 TOGGLE = DoRA()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle
+from ..checks import check_bool
+from .base import BuildContext, Spelling, Toggle
 
 
 class DropLast(Toggle):
@@ -22,5 +23,17 @@ class DropLast(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"dataloader_drop_last": False}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        check_bool("TrainingArguments", "dataloader_drop_last", fields["dataloader_drop_last"])
+        return fields["dataloader_drop_last"] or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(kwargs={"dataloader_drop_last": True}) if target == "hf" else Spelling(loader={"drop_last": "True"})
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(kwargs={"dataloader_drop_last": False}) if target == "hf" else Spelling()
 
 TOGGLE = DropLast()

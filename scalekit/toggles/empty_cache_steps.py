@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext
+from ..checks import int_in
+from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
@@ -34,6 +35,24 @@ class EmptyCacheSteps(CountToggle):
                 torch.cuda.empty_cache()
 
         ctx.after_step.append(empty_cache)
+
+    training_fields = {"torch_empty_cache_steps": None}
+
+    def from_training_arguments(self, fields, notes) -> int | None:
+        if fields["torch_empty_cache_steps"] is None:
+            return None
+        notes.append("torch_empty_cache_steps: the Trainer empties the cache in every micro-batch of each N-th step; "
+                     "scalekit's empty_cache_steps after each N-th step")
+        return int_in("TrainingArguments", "torch_empty_cache_steps", fields["torch_empty_cache_steps"], 1, 10**8)
+
+    def spelling(self, target, n: int, cfg) -> Spelling:
+        if target == "hf":
+            return Spelling(kwargs={"torch_empty_cache_steps": n})
+        if target == "accelerate":  # `step` counts micro-batches there
+            return Spelling(after_step=(f"if accelerator.sync_gradients and (step + 1) % ({n} * accelerator."
+                                        f"gradient_accumulation_steps) == 0:",
+                                        f"    torch.cuda.empty_cache()  # empty_cache_steps={n}"))
+        return Spelling(after_step=(f"if (self.trainer.global_step + 1) % {n} == 0:", "    torch.cuda.empty_cache()"))
 
 
 TOGGLE = EmptyCacheSteps()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle, Tune
+from ..checks import check_bool
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class FP16(Toggle):
@@ -28,5 +29,18 @@ class FP16(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"fp16": False}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        check_bool("TrainingArguments", "fp16", fields["fp16"])
+        return fields["fp16"] or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return {"hf": Spelling(kwargs={"fp16": True}), "accelerate": Spelling(kwargs={"mixed_precision": "'fp16'"}),
+                "lightning": Spelling(kwargs={"precision": "'16-mixed'"})}[target]
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(kwargs={"precision": "'32-true'"}) if target == "lightning" else Spelling()
 
 TOGGLE = FP16()

@@ -8,8 +8,10 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from ..checks import dict_or_none, one_of
 from ..distributed import available_with_ranks, distributed_available, release_model
-from .base import BuildContext, Toggle
+from ..errors import ConfigError
+from .base import BuildContext, Call, Spelling, Toggle
 
 
 def fsdp_kwargs(ctx: BuildContext) -> dict:
@@ -23,6 +25,19 @@ def fsdp_kwargs(ctx: BuildContext) -> dict:
         # pinned host memory speeds the copies to a GPU; a CPU-only run has no device to pin for
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
     return kwargs
+
+
+def fsdp_fields(fields) -> tuple[list[str], dict] | None:
+    """TrainingArguments' fsdp options and fsdp_config (a JSON file's path is not read: {}), checked; None: no fsdp."""
+    fsdp, config = fields["fsdp"], fields["fsdp_config"]
+    if fsdp is not None and not isinstance(fsdp, (bool, str)) and not (
+            isinstance(fsdp, list) and all(isinstance(x, str) for x in fsdp)):
+        raise ConfigError(f"TrainingArguments.fsdp must be None, True, or FSDP options as a string ('full_shard "
+                          f"offload') or a list of them, got {fsdp!r}")
+    config = {} if isinstance(config, str) else dict_or_none("TrainingArguments", "fsdp_config", config)
+    if not fsdp:
+        return None
+    return (fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else []), config
 
 
 class FSDP(Toggle):
@@ -64,5 +79,29 @@ class FSDP(Toggle):
         facts.rank_notes.insert(0, f"fsdp: 1/{facts.world_size} of the weights, gradients and optimizer state per "
                                    f"rank, one block's full weights gathered at a time (two while the next is "
                                    f"prefetched) and one block's gradients reduce-scattered")
+
+    training_fields = {"fsdp": None, "fsdp_config": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        read = fsdp_fields(fields)
+        if read is None:
+            return None
+        if isinstance(fields["fsdp_config"], str):
+            notes.append(f"fsdp_config={fields['fsdp_config']!r} not mapped: a JSON file is not read (give a dict)")
+        if one_of("TrainingArguments", "fsdp_config['version']", read[1].get("version", 2), (1, 2)) != 2:
+            notes.append("fsdp_config version 1 (FullyShardedDataParallel): scalekit's fsdp is FSDP2 (fully_shard)")
+        return True
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        if target == "hf":
+            return Spelling(kwargs={"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}})
+        if target == "accelerate":
+            return Spelling(kwargs={"fsdp_plugin": Call("FullyShardedDataParallelPlugin",
+                                                        {"fsdp_version": "2", "reshard_after_forward": "True"})},
+                            imports=("from accelerate.utils import FullyShardedDataParallelPlugin",))
+        return Spelling(kwargs={"strategy": Call("FSDPStrategy")},
+                        imports=("from lightning.pytorch.strategies import FSDPStrategy",),
+                        notes=("Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel); scalekit's fsdp is FSDP2 "
+                               "(fully_shard: Lightning's ModelParallelStrategy)",))
 
 TOGGLE = FSDP()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..checks import micro_batch_rows
-from .base import BuildContext
+from ..checks import BATCH_SIZE_RANGE, int_in, micro_batch_rows
+from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
@@ -30,5 +30,20 @@ class GradAccum(CountToggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"gradient_accumulation_steps": 1}
+
+    def from_training_arguments(self, fields, notes) -> int | None:
+        k = int_in("TrainingArguments", "gradient_accumulation_steps", fields["gradient_accumulation_steps"],
+                   1, BATCH_SIZE_RANGE[1])
+        return k if k > 1 else None
+
+    def spelling(self, target, k: int, cfg) -> Spelling:
+        return {"hf": Spelling(kwargs={"gradient_accumulation_steps": k}),
+                "accelerate": Spelling(kwargs={"gradient_accumulation_steps": str(k)}),
+                "lightning": Spelling(kwargs={"accumulate_grad_batches": str(k)})}[target]
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return self.spelling(target, 1, cfg)  # said even at 1: the per-device batch is read with it
 
 TOGGLE = GradAccum()

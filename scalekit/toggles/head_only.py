@@ -6,7 +6,7 @@ import torch
 
 from ..errors import ToggleUnavailable
 from ..models.blocks import find_blocks
-from .base import BuildContext, Toggle
+from .base import BuildContext, Spelling, Toggle
 
 
 def output_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
@@ -62,5 +62,13 @@ class HeadOnly(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        # a copy of the output layer, not shared with the frozen input embedding (GPT-2 ties them)
+        return Spelling(imports=("import copy",), model=(
+            "for p in model.parameters():  # head_only: the body frozen, a fresh copy of the output layer trains",
+            "    p.requires_grad_(False)",
+            "model.set_output_embeddings(copy.deepcopy(model.get_output_embeddings()).requires_grad_(True))",
+            "model.config.tie_word_embeddings = False"))
 
 TOGGLE = HeadOnly()

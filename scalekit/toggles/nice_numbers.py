@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 VOCAB_MULTIPLE = 64
 SHAPE_MULTIPLE = 8
@@ -44,5 +44,9 @@ class NiceNumbers(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(model=(f"model.resize_token_embeddings(model.config.vocab_size, pad_to_multiple_of={VOCAB_MULTIPLE}, "
+                               f"mean_resizing=False)  # nice_numbers",))
 
 TOGGLE = NiceNumbers()

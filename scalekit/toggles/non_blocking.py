@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune, needs_a_gpu
+import dataclasses
+
+from ..checks import check_bool, dict_or_none
+from .base import BuildContext, Spelling, Toggle, Tune, needs_a_gpu
 
 
 class NonBlocking(Toggle):
@@ -30,6 +33,31 @@ class NonBlocking(Toggle):
         ctx.non_blocking_copy = True
         if not ctx.loader_kwargs.get("pin_memory"):
             ctx.notes.append("non_blocking without pinned memory: from pageable memory the copy still waits")
+
+    training_fields = {"accelerator_config": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        config = fields["accelerator_config"]
+        if dataclasses.is_dataclass(config):  # a TrainingArguments holds it as transformers' AcceleratorConfig: its
+            config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)  # fields set off their defaults
+                      if getattr(config, f.name) != (f.default if f.default_factory is dataclasses.MISSING
+                                                     else f.default_factory())}
+        if isinstance(config, str):
+            notes.append(f"accelerator_config={config!r} not mapped: a JSON file is not read (give a dict)")
+            return None
+        config = dict_or_none("TrainingArguments", "accelerator_config", config)
+        on = config.pop("non_blocking", False)
+        check_bool("TrainingArguments", "accelerator_config['non_blocking']", on)
+        if config:
+            notes.append(f"accelerator_config not mapped: {config}")
+        return on or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return {"hf": Spelling(kwargs={"accelerator_config": {"non_blocking": True}}),
+                "accelerate": Spelling(kwargs={"dataloader_config": "DataLoaderConfiguration(non_blocking=True)"},
+                                       imports=("from accelerate.utils import DataLoaderConfiguration",)),
+                "lightning": Spelling(notes=("non_blocking: Lightning copies batches to a GPU with non_blocking=True "
+                                             "already",))}[target]
 
 
 TOGGLE = NonBlocking()

@@ -11,10 +11,10 @@ from functools import partial
 
 import torch
 
-from ..errors import ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable
 from ..measure.memory import storage_bytes
 from ..optional import quiet_import
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 # name -> (library, what it keeps per parameter)
 OPTIMIZERS = {
@@ -110,6 +110,38 @@ def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
     ctx.stack.callback(restore)
 
 
+# name -> (TrainingArguments' name, torch's weight decay (TrainingArguments' is 0.0), code, what that name does not say)
+SPELLED = {
+    "adamw_torch": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr})", ""),
+    "adamw_torch_foreach": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr}, foreach=True)", "TrainingArguments has "
+                            "no foreach switch: adamw_torch is torch's AdamW, foreach by default on a GPU"),
+    "adamw_torch_fused": ("adamw_torch_fused", 0.01, "torch.optim.AdamW({p}, lr={lr}, fused=True)", ""),
+    "adamw_bnb_8bit": ("adamw_bnb_8bit", 0.01, "bnb.optim.AdamW8bit({p}, lr={lr})", ""),
+    "adam_bnb_8bit": ("adamw_bnb_8bit", 0.0, "bnb.optim.Adam8bit({p}, lr={lr})", "TrainingArguments has no Adam8bit: "
+                      "AdamW8bit with weight_decay=0 is the same update"),
+    "paged_adamw_8bit": ("paged_adamw_8bit", 0.01, "bnb.optim.PagedAdamW8bit({p}, lr={lr})", ""),
+    "lion_8bit": ("lion_8bit", 0.0, "bnb.optim.Lion8bit({p}, lr={lr})", ""),
+    "adafactor": ("adafactor", 0.0, "torch.optim.Adafactor({p})  # its lr is relative: torch's default 1e-2",
+                  "TrainingArguments' adafactor is transformers' Adafactor; scalekit's is torch.optim.Adafactor"),
+}
+# TrainingArguments' optim -> this toggle's value (None: the baseline, torch's AdamW)
+FROM_TRAINING_ARGUMENTS = {"adamw_torch": None, "adamw_torch_fused": "adamw_torch_fused", "adamw_bnb_8bit": "adamw_bnb_8bit",
+                           "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
+                           "lion_8bit": "lion_8bit", "adafactor": "adafactor"}
+
+
+def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
+    """Optimizer `value` in `target`'s code: TrainingArguments' optim, or the optimizer built over the parameters."""
+    name, decay, code, caveat = SPELLED[value]
+    if target == "hf":
+        return Spelling(kwargs={"optim": name, "weight_decay": decay},
+                        notes=(f"optim={value!r} → {name!r}: {caveat}",) if caveat else ())
+    line = code.format(p="self.parameters()" if target == "lightning" else "model.parameters()", lr=repr(cfg.lr))
+    if value not in EIGHT_BIT:
+        return Spelling(optimizer=line)
+    return Spelling(optimizer=f"{line}  # bitsandbytes; weight_decay={decay} by default", imports=("import bitsandbytes as bnb",))
+
+
 class Optim(Toggle):
     name = "optim"
     summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, or AdamW foreach/fused"
@@ -140,5 +172,26 @@ class Optim(Toggle):
 
     def traced(self, value: str) -> bool:
         return value not in EIGHT_BIT  # bitsandbytes' kernels cannot run on fake tensors: traced as AdamW
+
+    training_fields = {"optim": "adamw_torch_fused"}
+
+    def from_training_arguments(self, fields, notes) -> str | None:
+        name = getattr(fields["optim"], "value", fields["optim"])  # transformers' OptimizerNames, or its string
+        if not isinstance(name, str):
+            raise ConfigError(f"TrainingArguments.optim must be an optimizer's name (a string such as 'adamw_torch'), "
+                              f"got {name!r}")
+        if name not in FROM_TRAINING_ARGUMENTS:
+            notes.append(f"optim={name!r} not mapped: scalekit has no such optimizer (it trains with torch AdamW); "
+                         f"mapped: {', '.join(FROM_TRAINING_ARGUMENTS)}")
+            return None
+        if name == "adafactor":
+            notes.append(SPELLED[name][3])  # the same name, another implementation
+        return FROM_TRAINING_ARGUMENTS[name]
+
+    def spelling(self, target, value: str, cfg) -> Spelling:
+        return optimizer_spelling(target, value, cfg)
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return optimizer_spelling(target, "adamw_torch", cfg)  # the baseline: torch's AdamW
 
 TOGGLE = Optim()

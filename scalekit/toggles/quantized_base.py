@@ -9,7 +9,7 @@ import torch
 
 from ..models.lora import adapter_targets
 from ..models.quantization import bnb_linear
-from .base import BuildContext, Toggle
+from .base import BuildContext, Spelling, Toggle
 
 MODES = ("nf4", "fp4", "int8")
 
@@ -63,5 +63,12 @@ class QuantizedBase(Toggle):
         # bitsandbytes' kernels cannot run on fake tensors: the planner traces the base in fp32 and swaps its sizes
         facts.analytic = False
         facts.quantized_base = value
+
+    def spelling(self, target, mode: str, cfg) -> Spelling:
+        bnb = "load_in_8bit=True" if mode == "int8" else f'load_in_4bit=True, bnb_4bit_quant_type="{mode}"'
+        # Transformers quantizes weights as it loads them: from your checkpoint, or (here) a copy of the model built
+        return Spelling(imports=("from transformers import BitsAndBytesConfig",), model=(
+            'model.save_pretrained("base_model")  # quantized_base: Transformers quantizes as it loads a checkpoint',
+            f'model = AutoModelForCausalLM.from_pretrained("base_model", quantization_config=BitsAndBytesConfig({bnb}))'))
 
 TOGGLE = QuantizedBase()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class SDPA(Toggle):
@@ -28,5 +28,11 @@ class SDPA(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(model_kwargs={"attn_implementation": '"sdpa"'})  # the model's own switch, in every framework
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return Spelling(model_kwargs={"attn_implementation": '"eager"'})
 
 TOGGLE = SDPA()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import BuildContext, Toggle, Tune
+from ..checks import bool_or_none
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class TF32(Toggle):
@@ -40,5 +41,16 @@ class TF32(Toggle):
 
     def traced(self, value) -> bool:
         return True
+
+    training_fields = {"tf32": None}
+
+    def from_training_arguments(self, fields, notes) -> bool | None:
+        return bool_or_none("TrainingArguments", "tf32", fields["tf32"]) or None
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return {"hf": Spelling(kwargs={"tf32": True}, gpu_only=True),  # TrainingArguments refuses it without an Ampere GPU
+                "accelerate": Spelling(setup=("torch.backends.cuda.matmul.allow_tf32 = True  # tf32",
+                                              "torch.backends.cudnn.allow_tf32 = True")),
+                "lightning": Spelling(setup=('torch.set_float32_matmul_precision("high")  # tf32, as Lightning asks for it',))}[target]
 
 TOGGLE = TF32()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class TrainingFormat(Toggle):
@@ -27,5 +27,8 @@ class TrainingFormat(Toggle):
         # scalekit.data.load_tokens() (built once, atomically, and checked against its checksum)
         ctx.read_training_format = True
 
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(missing="it reads scalekit's shipped corpus pre-tokenized; the exported code trains on your "
+                                "train_dataset, and no framework has a switch for how that was made")
 
 TOGGLE = TrainingFormat()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BuildContext, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
 
 
 class VectorizedTransforms(Toggle):
@@ -28,5 +28,8 @@ class VectorizedTransforms(Toggle):
         # in the worker processes when there are workers; samples are no longer noised one by one
         ctx.batch_transforms = True
 
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(missing="it batches the per-sample transform of scalekit's raw corpus; your train_dataset has "
+                                "no such transform, and no framework has a switch for one")
 
 TOGGLE = VectorizedTransforms()

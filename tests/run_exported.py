@@ -1,0 +1,126 @@
+"""Runs exported training code, as a user would, and says what it did (tests/test_hf_export_runs.py starts it).
+
+Reads a JSON list of {"id", "code", "samples"} on stdin; executes each code in a fresh directory with `config` (a
+tiny GPT-2 config, built offline) and `train_dataset` (that many windows of the shipped corpus) defined, and prints
+one line per case, "RESULT {json}": the optimizer steps taken, the optimizer (and its state's bits), the parameters it trained, the model's
+module classes, the Accelerator's precision and accumulation, the first DataLoader's options, whether activation
+checkpointing is on, the torch.compile calls; or the error.  It records through hooks and wrappers, never by changing
+the code it runs; the one thing it changes is the backend torch.compile lowers to (see `compile_with`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+
+from scalekit.hf import CorpusDataset, model_config
+
+seen: dict[str, list] = {}
+top_level = [0]  # depth of nested Module.train calls: only the outermost call names the model being trained
+
+
+def record(key: str, value) -> None:
+    seen.setdefault(key, []).append(value)
+
+
+register_optimizer_step_post_hook(lambda optimizer, args, kwargs: record("steps", optimizer))
+
+original_train = torch.nn.Module.train
+
+
+def train(self, mode: bool = True):
+    if mode and not top_level[0]:
+        record("model", self)
+    top_level[0] += 1
+    try:
+        return original_train(self, mode)
+    finally:
+        top_level[0] -= 1
+
+
+torch.nn.Module.train = train
+original_loader_init = DataLoader.__init__
+
+
+def loader_init(self, *args, **kwargs):
+    original_loader_init(self, *args, **kwargs)
+    record("loader", {"batch_size": self.batch_size, "drop_last": self.drop_last, "num_workers": self.num_workers})
+
+
+DataLoader.__init__ = loader_init
+original_compile = torch.compile
+
+
+def compile_with(model=None, **kwargs):
+    if isinstance(model, torch.nn.Module):  # the model the code compiles (libraries compile functions of their own)
+        record("compile", {"backend": kwargs.get("backend", "inductor"), "mode": kwargs.get("mode")})
+    # inductor's code generation takes ≈35 s cold on a 2-core CPU: the graph capture the exported code asks for
+    # runs in full (dynamo traces the model), run by the eager backend instead (what was asked for is recorded above)
+    return original_compile(model, **{**kwargs, "backend": "eager", "mode": None})
+
+
+torch.compile = compile_with
+try:
+    import accelerate
+    from accelerate.state import AcceleratorState, GradientState
+
+    original_accelerator_init = accelerate.Accelerator.__init__
+
+    def accelerator_init(self, *args, **kwargs):
+        original_accelerator_init(self, *args, **kwargs)
+        record("accelerator", self)
+
+    accelerate.Accelerator.__init__ = accelerator_init
+except ImportError:  # Lightning's code needs no Accelerate
+    AcceleratorState = GradientState = None
+
+
+def summary() -> dict:
+    optimizer, model = seen["steps"][-1], seen["model"][-1]
+    names = {id(p): n for n, p in model.named_parameters()}
+    trained = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    accelerator = seen.get("accelerator", [None])[-1]
+    return {"steps": len(seen["steps"]), "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__name__}",
+            "optimizer_bits": getattr(getattr(optimizer, "args", None), "optim_bits", None),  # bitsandbytes' state
+            "trained": sorted(names.get(id(p), "?") for p in trained), "trained_numel": sum(p.numel() for p in trained),
+            "modules": sorted({type(m).__name__ for m in model.modules()}),
+            "mixed_precision": None if accelerator is None else str(accelerator.mixed_precision),
+            "accumulation": None if accelerator is None else accelerator.gradient_accumulation_steps,
+            "loader": seen["loader"][0], "compile": seen.get("compile", []),
+            "checkpointing": any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())}
+
+
+def main() -> None:
+    # one thread: tiny models gain nothing from two, and a shared CPU swings their step times (DESIGN.md)
+    torch.set_num_threads(1)
+    corpus = CorpusDataset(seq_len=16)
+    home = os.getcwd()
+    for case in json.load(sys.stdin):
+        seen.clear()
+        if AcceleratorState is not None:  # each case starts as a fresh process would (Accelerate keeps one state)
+            AcceleratorState._reset_state(True)
+            GradientState._reset_state()
+        with tempfile.TemporaryDirectory() as where:
+            os.chdir(where)  # the Trainer's output_dir, the quantized base's copy
+            namespace = {"config": model_config("gpt2", "tiny"),
+                         "train_dataset": [corpus[i] for i in range(case["samples"])]}
+            start = time.perf_counter()
+            try:
+                exec(compile(case["code"], f"{case['id'].replace('/', '_')}.py", "exec"), namespace)
+                facts = {**summary(), "run_s": round(time.perf_counter() - start, 2)}
+            except BaseException:  # every failure is the case's result, reported
+                facts = {"error": traceback.format_exc()[-4000:]}
+            os.chdir(home)
+        print("RESULT " + json.dumps({"id": case["id"], **facts}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
