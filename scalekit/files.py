@@ -15,7 +15,6 @@ final write fails anyway (a full disk, a folder removed meanwhile): a copy goes 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import sys
@@ -128,16 +127,18 @@ def _write_stream(real: Path, write: Callable[[IO], None], binary: bool) -> None
     """Write into a character device or FIFO as it is (no temporary file, no rename, no fsync).  A FIFO is
     opened without blocking, so one that nobody reads fails after FIFO_READER_WAIT_S instead of hanging."""
     deadline = time.monotonic() + FIFO_READER_WAIT_S
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # POSIX, where FIFOs are
     while True:
         try:
-            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(real, os.O_WRONLY | nonblocking)
             break
         except OSError as exc:
             if exc.errno != errno.ENXIO or time.monotonic() > deadline:  # ENXIO: a FIFO with no reader yet
                 raise OSError(exc.errno, "nobody reads this FIFO" if exc.errno == errno.ENXIO else exc.strerror,
                               str(real)) from None
             time.sleep(0.05)
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)  # the reader sets the pace
+    if nonblocking:
+        os.set_blocking(fd, True)  # from here the reader sets the pace
     with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
         write(f)
         f.flush()

@@ -84,7 +84,7 @@ def test_a_prompt_longer_than_the_context_blames_the_prompt():
 def test_the_cli_names_the_prompt_flag_for_a_prompt_too_long(capsys):
     assert main(["generate", "--prompt", "x" * 1100, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
-    assert "(flag: --prompt)" in err and "-26" not in err and err.count("\n") == 1
+    assert "(flag: --prompt" in err and "-26" not in err and err.count("\n") == 1
 
 
 def test_a_prompt_that_fits_but_leaves_too_few_tokens_still_names_max_new_tokens():
