@@ -215,6 +215,9 @@ def own_words_only(argv: list[str], timeout_s: float = 240) -> str:
 def test_a_hugging_face_run_prints_only_scalekits_words():
     pytest.importorskip("transformers")
     own_words_only(["bench", "--hf-model", "gpt2", "--steps", "2", "--warmup-steps", "0", "--device", "cpu"])
+    pytest.importorskip("peft")
+    own_words_only(["bench", "--hf-model", "gpt2", "--steps", "2", "--warmup-steps", "0", "--device", "cpu",
+                    "--toggle", "lora=4"])  # peft asks transformers a deprecated question
 
 
 def test_a_generation_prints_only_scalekits_words():

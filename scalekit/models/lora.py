@@ -4,6 +4,7 @@ quantized_base toggles share (peft imported only when adapters are added)."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 
@@ -62,7 +63,9 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
     fan_in_fan_out = all(is_conv1d(modules[t]) for t in targets)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
                              use_dora=use_dora, init_lora_weights=True, fan_in_fan_out=fan_in_fan_out)
-    wrapped = peft.get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: not ours to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        wrapped = peft.get_peft_model(model, config)
     kind = "DoRA" if use_dora else "LoRA"
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"
