@@ -67,6 +67,8 @@ def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
     if _is_stdout(path):
         return Path(STDOUT)
     given = str(Path(os.fspath(path)).expanduser())
+    if "\0" in given:  # no file system takes one; os.stat would raise ValueError
+        raise ConfigError(f"{what} {given!r} holds a NUL character: no file can have that name")
     real = _real(path)
     target = f" (the symlink's target {str(real)!r})" if os.path.islink(given) else ""
     st = _stat(real, given, what)

@@ -351,3 +351,9 @@ def test_a_checkpoint_saved_through_a_symlink_keeps_the_link(tmp_path):
     link.symlink_to(target)
     checkpoint.save(torch.nn.Linear(2, 2), link)
     assert link.is_symlink() and target.stat().st_size > 100
+
+
+def test_a_name_with_a_nul_character_is_refused_naming_it(stub_runs, capsys):
+    code, _, err = run_cli("bench", "r\x00.json", capsys)
+    assert code == 2
+    assert_one_line(err, "NUL")
