@@ -26,6 +26,11 @@ def check_bool(owner: str, name: str, value: Any) -> None:
         raise ConfigError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
+def ascii_digits(text: str) -> bool:
+    """0-9 only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as another number."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
 def bool_or_none(owner: str, name: str, value: Any) -> bool | None:
     """`value` if it is True, False or None, else ConfigError naming owner.name."""
     if value is not None and not isinstance(value, bool):
@@ -58,7 +63,7 @@ def dict_or_none(owner: str, name: str, value: Any) -> dict:
 
 def check_device(owner: str, device: Any) -> None:
     if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda")
-                                           or (device.startswith("cuda:") and device[5:].isdigit())):
+                                           or (device.startswith("cuda:") and ascii_digits(device[5:]))):
         raise ConfigError(f"{owner}.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import re
 import signal
@@ -11,21 +13,53 @@ import threading
 
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
-from .files import check_writable
+from .files import STDOUT, check_writable, save_text
 from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
-from .measure.results import write_results_json
 from .rounds import check_repeats
 from .toggles import TOGGLES
 
 
 def _progress(message: str) -> None:
-    print(f"  · {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"  · {message}", file=sys.stderr, flush=True)
+    except BrokenPipeError:  # stderr piped into something that closed: the run goes on unheard
+        pass
+
+
+def _report_stream(args):
+    """Where tables and texts go: standard output, unless --json - puts the JSON there (then standard error)."""
+    return sys.stderr if getattr(args, "json", None) == STDOUT else sys.stdout
+
+
+def _save_json(json_path, doc) -> bool:
+    """Write the --json results; if the write fails, say so in one line naming the path and where a copy went
+    (standard output when no copy could be written).  False when they did not reach `json_path`."""
+    if json_path is None:
+        return True
+    text = json.dumps(doc, indent=2, default=str)
+    saved = save_text(json_path, text + "\n", "--json")
+    if not saved.ok:
+        print(f"scalekit: error: {saved.message}", file=sys.stderr)
+        if saved.kept is None:
+            print(text)
+    return saved.ok
 
 
 def _toggle_arg(text: str) -> tuple[str, object]:
     name, _, value = text.partition("=")
     return name, (value if value else True)
+
+
+def _toggles(args) -> dict:
+    """The --toggle flags as {name: value}; a toggle given twice is refused (the last would win unsaid)."""
+    chosen: dict = {}
+    for name, value in args.toggle:
+        if name in chosen:
+            said = [f"{name}={v}" if v is not True else name for v in (chosen[name], value)]
+            raise ConfigError(f"--toggle {name} is given twice ({said[0]} and {said[1]}): give each toggle once")
+        chosen[name] = value
+    return chosen
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -96,6 +130,7 @@ def _generate_config(args, toggles, ladder: bool = False):
                               f"takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
                               f"the prompt), --device and --seed")
         model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        _check_generation_flags(args, model)
         prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
         return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
                               device=args.device, seed=args.seed, toggles=toggles,
@@ -111,6 +146,19 @@ def _generate_config(args, toggles, ladder: bool = False):
 
 
 
+def _check_generation_flags(args, model: str) -> None:
+    """The training flags a generation reads: --preset (as the model, without --model) and --batch-size (copies
+    of the prompt), refused here in their own names."""
+    from .inference.config import MAX_PROMPTS, MODEL_NAMES
+
+    if args.model is None and isinstance(model, str) and model not in MODEL_NAMES:
+        raise ConfigError(f"--preset {model!r} is the model generation uses without --model: allowed here: "
+                          f"{', '.join(MODEL_NAMES)}")
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_PROMPTS:
+        raise ConfigError(f"--batch-size is the copies of the prompt generated at once: 1 to {MAX_PROMPTS}, "
+                          f"got {args.batch_size}")
+
+
 def _config(args, toggles) -> RunConfig:
     return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                      steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
@@ -124,14 +172,25 @@ def _hf_model(args):
     if args.hf_model is None:
         return None
     from .hardware import detect
-    from .hf import causal_lm
+    from .hf import FAMILIES, causal_lm
+
+    if args.hf_model not in FAMILIES:  # said before transformers is imported
+        raise ConfigError(f"--hf-model: unknown family {args.hf_model!r}; allowed: {', '.join(FAMILIES)}")
 
     preset = RunConfig(preset=args.preset).resolve(detect(args.device)).preset if args.preset == "auto" else args.preset
     return causal_lm(args.hf_model, preset=preset)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its refusals in one line that names the flag (not the usage block above it); the
+    subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scalekit", description="Switch training optimizations on and measure them.")
+    p = OneLineParser(prog="scalekit", description="Switch training optimizations on and measure them.")
     sub = p.add_subparsers(dest="command", required=True)
     _measure_commands(sub)
     _export_command(sub)
@@ -242,18 +301,26 @@ def flag_names(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # a refused flag (said in one line), or --help
+        return exc.code if isinstance(exc.code, int) else 2
     stop = threading.Event()
 
-    def on_interrupt(*_) -> None:
+    def on_interrupt(signum, frame) -> None:
         if stop.is_set():  # a second Ctrl-C: stop now
             raise KeyboardInterrupt
         stop.set()  # the first ends the current step cleanly, keeping what was measured
-        _progress("stopping after this step… (Ctrl-C again to stop at once)")
+        _progress(stop_message(frame))
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        return COMMANDS[args.command](args, stop)
+        code = COMMANDS[args.command](args, stop)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is met where it can be handled
+        return code
+    except BrokenPipeError:  # `scalekit toggles | head -3`: the reader has what it wanted
+        _discard_stdout()
+        return 141  # 128 + SIGPIPE, as a tool killed by the closed pipe would end
     except ConfigError as exc:
         print(f"scalekit: error: {flag_names(str(exc))}", file=sys.stderr)
         return 2
@@ -264,31 +331,55 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (a test's capture)
+        pass
+
+
+# Where torch.compile's compiler runs (dynamo tracing a frame, inductor compiling a graph, also a backward
+# compiled lazily at the first backward); a compiled model's steps run through neither.
+COMPILER_MODULES = ("torch._dynamo.convert_frame", "torch._inductor.compile_fx")
+
+
+def stop_message(frame) -> str:
+    """What the first Ctrl-C says, at once: the step it waits for, and why that may take long (a compile)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(COMPILER_MODULES):
+            return ("stopping once torch.compile finishes compiling: a compile cannot be stopped midway, and a "
+                    "cold one can take a minute on a CPU (Ctrl-C again to stop at once: nothing measured is lost)")
+        frame = frame.f_back
+    return "stopping after this step… (Ctrl-C again to stop at once)"
+
+
 def cmd_ladder(args, stop) -> int:
     from .report import results_table
 
     base = _config(args, {}) if args.kind != "inference" else _generate_config(args, {}, ladder=True)
     json_path = check_writable(args.json, "--json") if args.json else None  # before the ladder's minutes of work
     check_repeats("--repeats", args.repeats)
-    results = LADDERS[args.kind](base, on_status=_progress, on_result=lambda r: _progress(f"done: {r.label} "
-                                                                                          f"({r.status})"),
-                                 stop=stop, repeats=args.repeats)
+    results = LADDERS[args.kind](base, on_status=_progress,
+                                 on_result=lambda r: _progress(f"done: {r.label} ({r.status})"), stop=stop,
+                                 repeats=args.repeats)
+    saved = _save_json(json_path, [r.to_dict() for r in results])  # first: a closed stdout cannot lose them
     if args.kind == "inference":
         from .inference.report import generation_table  # generations have their own table
 
-        print(generation_table(results))
+        print(generation_table(results), file=_report_stream(args))
     else:
-        print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")))
-    if json_path is not None:
-        write_results_json(json_path, [r.to_dict() for r in results])
-    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+        print(results_table(results, TABLE_THROUGHPUT.get(args.kind, "median")), file=_report_stream(args))
+    return 0 if saved and all(r.status in ("ok", "skipped") for r in results) else 1
 
 
 def cmd_bench(args, stop) -> int:
     from .engine import run
     from .report import results_table
 
-    cfg = _config(args, dict(args.toggle))
+    cfg = _config(args, _toggles(args))
     json_path = check_writable(args.json, "--json") if args.json else None
     nprocs = launch_commands.check_nproc_flag(args.nproc_per_node, default="this process alone")
     timeout_s = launch_commands.check_timeout_flag(args.timeout_s)
@@ -308,26 +399,25 @@ def cmd_bench(args, stop) -> int:
         result = run(cfg, on_status=_progress if first else None, stop=stop, catch_errors=True)
         if not first:
             return 0 if result.status == "ok" else 1
-    print(results_table([result]))
-    if json_path is not None:
-        result.to_json(json_path)
-    return 0 if result.status == "ok" else 1
+    saved = _save_json(json_path, result.to_dict())
+    print(results_table([result]), file=_report_stream(args))
+    return 0 if saved and result.status == "ok" else 1
 
 
 def cmd_generate(args, stop) -> int:
     from .inference import generate
     from .inference.report import generation_table
 
-    cfg = _generate_config(args, dict(args.toggle))
+    cfg = _generate_config(args, _toggles(args))
     json_path = check_writable(args.json, "--json") if args.json else None
     result = generate(cfg, on_status=_progress, stop=stop, catch_errors=True)
+    saved = _save_json(json_path, result.to_dict())
+    out = _report_stream(args)
     for text in result.texts:
-        print(text)
-        print("-" * 78)
-    print(generation_table([result]))
-    if json_path is not None:
-        result.to_json(json_path)
-    return 0 if result.status == "ok" else 1
+        print(text, file=out)
+        print("-" * 78, file=out)
+    print(generation_table([result]), file=out)
+    return 0 if saved and result.status == "ok" else 1
 
 
 def cmd_launch(args, stop) -> int:
@@ -338,7 +428,7 @@ def cmd_plan(args, stop) -> int:
     from .plan import estimate
 
     device = None if args.device == "auto" else args.device  # a GPU can be planned for without one
-    e = estimate(_config(args, dict(args.toggle)), device=device)
+    e = estimate(_config(args, _toggles(args)), device=device)
     for part, n in e.memory_breakdown().items():
         print(f"{part:16} {n / 2**20:10.1f} MiB")
     print(f"{'FLOPs/step':16} {e.flops_per_step:10.3g} (with recomputation {e.hardware_flops_per_step:.3g})")
@@ -350,7 +440,9 @@ def cmd_plan(args, stop) -> int:
 def cmd_export(args, stop) -> int:
     from .hf.export import export_code
 
-    print(export_code(_config(args, dict(args.toggle)), args.target, world_size=args.world_size), end="")
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be a positive number of processes, got {args.world_size}")
+    print(export_code(_config(args, _toggles(args)), args.target, world_size=args.world_size), end="")
     return 0
 
 
@@ -364,6 +456,7 @@ def cmd_doctor(args, stop) -> int:
 
 
 def cmd_toggles(args, stop) -> int:
+    from .hardware import detect
     from .toggles import ORDER
 
     if args.hf_model is not None:
@@ -371,25 +464,43 @@ def cmd_toggles(args, stop) -> int:
 
         print(applicable(_hf_model(args), device=args.device))
         return 0
+    hw = detect()  # this machine, as a run with device "auto" sees it
     if args.name is not None:
         if args.name not in TOGGLES:
             raise ConfigError(f"toggles: unknown toggle {args.name!r}; allowed: {', '.join(TOGGLES)}")
-        print(toggle_page(TOGGLES[args.name]))
+        print(toggle_page(TOGGLES[args.name], hw))
         return 0
     for t in ORDER:
         modes = f" [modes: {', '.join(map(str, t.choices))}]" if t.choices else ""
         where = "" if "train" in t.loops else \
             f" [generation: scalekit generate{'' if t.changes_weights else ', or a training run with eval_every'}]"
-        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}")
+        here = "".join(f"\n{'':13} {line}" for line in availability(t, hw))
+        print(f"{t.name:13} {t.summary}{modes}{where}\n{'':13} cost: {t.cost}\n{'':13} helps when: {t.helps_when}"
+              f"{here}")
     return 0
 
 
-def toggle_page(t) -> str:
-    """What `scalekit toggles NAME` prints: the one-liners, the explainer, and the code the toggle runs."""
+def availability(t, hw) -> list[str]:
+    """What stops toggle `t` (or some of its modes) on this machine, one line each; none when all of it runs."""
+    ok, why = t.available(hw)
+    if not ok:
+        in_ranks, _ = t.available_in_ranks(hw)
+        return [f"{'in one process' if in_ranks else 'unavailable here'}: {why}"]
+    lines = []
+    for choice in t.choices or ():
+        ok, why = t.choice_available(hw, choice)
+        if not ok:
+            lines.append(f"unavailable here: {choice} — {why}")
+    return lines
+
+
+def toggle_page(t, hw=None) -> str:
+    """What `scalekit toggles NAME` prints: the one-liners, where it runs, the explainer, and its code."""
     modes = f"modes: {', '.join(map(str, t.choices))} (first is the default)\n" if t.choices else ""
+    here = "".join(f"{line}\n" for line in availability(t, hw)) if hw is not None else ""
     rule = "-" * 78
     return (f"{t.name}: {t.summary}\ncost: {t.cost}\nhelps when: {t.helps_when}\n{modes}"
-            f"phase: {t.phase}; loops: {', '.join(t.loops)}\n{rule}\n{t.explainer.strip()}\n{rule}\n"
+            f"phase: {t.phase}; loops: {', '.join(t.loops)}\n{here}{rule}\n{t.explainer.strip()}\n{rule}\n"
             f"The code it runs (scalekit/toggles/{t.name}.py):\n\n{t.code()}")
 
 
@@ -397,12 +508,17 @@ def cmd_tune(args, stop) -> int:
     from .autotune import autotune
     from .errors import NothingFits
 
-    cfg = _generate_config(args, dict(args.toggle), ladder=True) if args.generate else _config(args, dict(args.toggle))
+    cfg = _generate_config(args, _toggles(args), ladder=True) if args.generate else _config(args, _toggles(args))
     if args.generate and args.export:
         raise ConfigError("--export writes training code; with --generate there is none to write")
     json_path = check_writable(args.json, "--json") if args.json else None
-    if args.budget_mb is not None and not args.budget_mb > 0:
-        raise ConfigError(f"--budget-mb must be a positive number of MiB, got {args.budget_mb}")
+    if args.budget_mb is not None and not 0 < args.budget_mb <= 2**40:  # nan fails both; 2**40 MiB: an exabyte
+        raise ConfigError(f"--budget-mb must be a positive number of MiB (at most 2**40), got {args.budget_mb}")
+    if not (math.isfinite(args.time_budget_s) and args.time_budget_s > 0):
+        raise ConfigError(f"--time-budget-s must be a positive number of seconds, got {args.time_budget_s}")
+    if args.run_steps < 1:
+        raise ConfigError(f"--run-steps must be a positive whole number (the steps of the real run), "
+                          f"got {args.run_steps}")
     budget = int(args.budget_mb * 2**20) if args.budget_mb is not None else None
     try:
         sizes = {} if args.generate else {"steps": cfg.steps, "warmup_steps": cfg.warmup_steps}
@@ -413,15 +529,15 @@ def cmd_tune(args, stop) -> int:
     except NothingFits as exc:
         print(f"scalekit tune: {exc}", file=sys.stderr)
         return 1
-    print(result.table().to_string(index=False))
-    print(result.summary())
+    saved = _save_json(json_path, result.to_dict())
+    out = _report_stream(args)
+    print(result.table().to_string(index=False), file=out)
+    print(result.summary(), file=out)
     flags = " ".join(f"--toggle {n}" if v is True else f"--toggle {n}={v}" for n, v in result.best.toggles.items())
-    print(f"best: {flags}" + ("" if args.generate else f" --batch-size {result.best.batch_size}"))
+    print(f"best: {flags}" + ("" if args.generate else f" --batch-size {result.best.batch_size}"), file=out)
     if args.export:
-        print(f"\n# the winner for {args.export}:\n{result.export(args.export)}")
-    if json_path is not None:
-        write_results_json(json_path, result.to_dict())
-    return 0
+        print(f"\n# the winner for {args.export}:\n{result.export(args.export)}", file=out)
+    return 0 if saved else 1
 
 
 COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,

@@ -158,9 +158,12 @@ class RunConfig:
         batches = self.batch_fn if self.batch_fn is not None else self.dataset
         custom = (self.model, batches, self.loss_fn)
         if adapter is None and any(x is not None for x in custom) and not all(x is not None for x in custom):
-            raise ConfigError("RunConfig.model, batch_fn (or dataset) and loss_fn go together: give all three for your "
-                              "own model (a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a "
-                              "PreTrainedModel)")
+            given = [n for n, x in zip(("model", "batch_fn", "loss_fn"), custom, strict=True) if x is not None]
+            missing = [n for n, x in zip(("model", "batch_fn", "loss_fn"), custom, strict=True) if x is None]
+            raise ConfigError(f"{' and '.join(f'RunConfig.{n}' for n in given)} without {' and '.join(missing)}: "
+                              f"model, batch_fn (or dataset) and loss_fn go together: give all three for your own "
+                              f"model (a Hugging Face model needs only model: scalekit.hf.causal_lm(...) or a "
+                              f"PreTrainedModel)")
         if self.model is None:
             return
         if not (isinstance(self.model, torch.nn.Module) or callable(self.model)):
@@ -172,7 +175,7 @@ class RunConfig:
         for name in self.toggles:
             ok, why = TOGGLES[name].applies_to(adapter or toggle_family(self.model))
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} {why}")
+                raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} {why}")
 
     def _validate_dataset(self) -> None:
         if self.collate_fn is not None and (self.dataset is None or not callable(self.collate_fn)):
@@ -258,7 +261,7 @@ class RunConfig:
         for name in self.toggles:
             ok, why = TOGGLES[name].available(hw)
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+                raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 
     # -- Hugging Face TrainingArguments (scalekit.hf.arguments holds the table of what maps to what) ------------
     @classmethod

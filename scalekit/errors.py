@@ -42,6 +42,12 @@ class LaunchError(RuntimeError):
         self.logs_dir = logs_dir
 
 
+class DataWorkerDied(RuntimeError):
+    """A DataLoader worker process ended while the run waited for its batch (killed, or crashed outside Python);
+    torch says so in one of several ways (its own RuntimeError, or a reset connection, an EOF, a broken pipe
+    from the queue the worker fed), this says which worker and how."""
+
+
 class ForkUnsafeError(RuntimeError):
     """This process is in a state that forked ranks cannot inherit; the message says what to do."""
 
@@ -61,6 +67,8 @@ def plain_error(exc: BaseException) -> str:
         text = f"{text.rstrip('.')}: {lines[-1].strip()}"
     if is_out_of_memory(exc):
         return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
+    if isinstance(exc, DataWorkerDied):
+        return text
     if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
         # torch says one or the other, depending on which of its checks sees the dead worker first
         return f"a data-loader worker process died (killed, or it crashed outside Python): {text[:300]}"

@@ -76,25 +76,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def detect(device: str = "auto") -> Hardware:
-    """Describe the device runs will use: "auto" picks the first GPU if there is one, else the CPU."""
+def detect(device: str = "auto", owner: str = "RunConfig") -> Hardware:
+    """Describe the device runs will use: "auto" picks the first GPU if there is one, else the CPU.  `owner`
+    is the config errors name (RunConfig, GenerateConfig)."""
     want_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     common = dict(cpu_count=os.cpu_count() or 1, torch_version=torch.__version__, cuda_version=torch.version.cuda)
     if want_cuda:
         if not torch.cuda.is_available():
             build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise ConfigError(f"RunConfig.device: {device!r} was asked for, but torch sees no CUDA GPU here "
+            raise ConfigError(f"{owner}.device: {device!r} was asked for, but torch sees no CUDA GPU here "
                               f"(torch {torch.__version__}, {build}); use 'cpu' or 'auto'")
         index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise ConfigError(f"RunConfig.device: {device!r}: this machine has {torch.cuda.device_count()} GPU(s), "
+            raise ConfigError(f"{owner}.device: {device!r}: this machine has {torch.cuda.device_count()} GPU(s), "
                               f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         props = torch.cuda.get_device_properties(index)
         cap = (props.major, props.minor)
         return Hardware("cuda", index, props.name, cap, bf16_supported=cap >= (8, 0), tf32_supported=cap >= (8, 0),
                         total_mem_bytes=props.total_memory, **common)
     if device not in ("auto", "cpu"):
-        raise ConfigError(f"RunConfig.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        raise ConfigError(f"{owner}.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     total = None
     try:
         import psutil

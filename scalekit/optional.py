@@ -14,6 +14,21 @@ import logging
 import os
 import warnings
 
+# Warnings libraries give about their own internals, harmless to a run and not for the user to act on: each
+# (message pattern, category, why it is harmless), silenced for the process once the library is in use.
+KNOWN_WARNINGS = {
+    "torchao": [(r".*does not implement _stable_hash_for_caching", UserWarning,
+                 "torch asks torchao's tensor subclasses for a hash to key its compile cache by; without one the "
+                 "cache is keyed less stably, the compiled code is the same")],
+}
+
+
+def silence_known_warnings(library: str) -> None:
+    """Filter `library`'s KNOWN_WARNINGS (narrow filters, each added once)."""
+    for pattern, category, _ in KNOWN_WARNINGS.get(library, ()):
+        if not any(f[0] == "ignore" and getattr(f[1], "pattern", None) == pattern for f in warnings.filters):
+            warnings.filterwarnings("ignore", message=pattern, category=category)
+
 
 def quiet_import(module: str, device_type: str | None = None):
     """`importlib.import_module(module)` with its import-time messages kept out of the user's output.

@@ -84,12 +84,14 @@ def interval_cells(interval: Interval | None, is_base: bool, why: str = "") -> l
 
 def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) -> list[str]:
     extra = [_trains(r), _heldout(r)] if finetune else []
-    if not r.finished:
+    measured = r.step_ms.n if r.step_ms else 0
+    if not r.finished and not (r.status == "failed" and measured):
         return [r.label, *["—"] * 11, *extra, f"{r.status}: {r.error or ''}".strip()]
-    s = r.all_steps_ms
+    s = r.all_steps_ms or r.step_ms
     rate = r.tokens_per_s if throughput == "median" else r.tokens_per_s_wall
     statistic = statistics.median if throughput == "median" else statistics.fmean
-    interval, why = speedup_over(base, r, statistic) if base and r is not base else (None, "")
+    compared = base and r is not base and r.finished  # a failed run's steps are shown, not compared
+    interval, why = speedup_over(base, r, statistic) if compared else (None, "")
     mem_ratio = (r.peak_mem_bytes / base.peak_mem_bytes) if base and base.peak_mem_bytes and r.peak_mem_bytes \
         else None
     notes = [why] if why else []
@@ -100,6 +102,8 @@ def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) 
         notes.insert(0, "stopped")
     if r.status == "diverged":
         notes.insert(0, f"DIVERGED (not ok): {r.error}")
+    if r.status == "failed":  # what it measured before it failed is shown, beside why it failed
+        notes.insert(0, f"FAILED after {measured} measured steps: {r.error}")
     if r.busy_note:
         notes.append("machine busy")
     return [r.label, f"{r.median_step_ms:.2f}", f"{s.p25:.2f}–{s.p75:.2f}", _fmt(rate, ",.0f"),

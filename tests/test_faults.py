@@ -298,6 +298,25 @@ def test_a_damaged_token_cache_is_noticed_and_rebuilt_with_a_note(fresh_cache, d
     assert note.count("\n") == 1 and "rebuilt the token cache" in note and str(fresh_cache) in note
 
 
+@pytest.mark.parametrize("record", [
+    "[1, 2, 3]", "null", '"text"', "7", '{"format": 1, "val_fraction": 0.1}',
+    '{"format": 1, "val_fraction": 0.1, "splits": {}}', '{"format": 1, "val_fraction": 0.1, "splits": [1]}',
+    '{"format": 1, "val_fraction": 0.1, "splits": {"train": 5, "val": 6}}',
+    '{"format": 1, "val_fraction": 0.1, "splits": {"train": {"tokens": "many"}, "val": {}}}',
+], ids=["list", "null", "string", "number", "no splits", "empty splits", "splits a list", "split a number",
+        "split fields wrong"])
+def test_a_token_cache_record_of_the_wrong_shape_is_rebuilt_like_a_garbled_one(fresh_cache, record, capsys):
+    good = shakespeare.load_tokens("train").copy()
+    (fresh_cache / "shakespeare_char.json").write_text(record)
+    (fresh_cache / "shakespeare_char_train.bin").write_bytes(b"\0" * 1000)  # a record that vouches for nothing
+    shakespeare._VALIDATED.clear()  # a new process
+    capsys.readouterr()
+    again = shakespeare.load_tokens("train")
+    note = capsys.readouterr().err
+    assert (again == good).all()
+    assert note.count("\n") == 1 and "rebuilt the token cache" in note and str(fresh_cache) in note
+
+
 def test_concurrent_builders_produce_one_correct_cache(fresh_cache):
     code = "from scalekit.data import load_tokens; print(int(load_tokens('train').sum()))"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

@@ -122,7 +122,7 @@ def test_a_failing_model_is_a_failed_result_in_words():
     (dict(prompts="naïve"), "does not know 'ï'"),
     (dict(max_new_tokens=0), "GenerateConfig.max_new_tokens must be a positive integer from 1"),
     (dict(max_new_tokens=True), "GenerateConfig.max_new_tokens"),
-    (dict(max_new_tokens=1019), "beyond the model's context of 1024 positions: at most 1018"),
+    (dict(max_new_tokens=1019), "beyond the context of GenerateConfig.model 'shakespeare-char' (1024 positions): at most 1018"),
     (dict(temperature=-1), "GenerateConfig.temperature"),
     (dict(temperature="hot"), "GenerateConfig.temperature"),
     (dict(top_k=0), "GenerateConfig.top_k"),

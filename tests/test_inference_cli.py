@@ -38,7 +38,7 @@ def test_generate_prints_the_text_and_the_table_and_writes_json(tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["generate", "--max-new-tokens", "5000"], "at most 1018 new tokens (flag: --max-new-tokens)"),
+    (["generate", "--max-new-tokens", "5000"], "at most 1018 new tokens (flag: --max-new-tokens"),
     (["generate", "--toggle", "fused_adamw"], "applies to training, not to generation"),
     (["generate", "--prompt", "ünïcode"], "(flag: --prompt)"),
     (["generate", "--model", "huge"], "unknown model 'huge'"),

@@ -75,7 +75,7 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
     check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
     if isinstance(min_agreement, bool) or not isinstance(min_agreement, (int, float)) or not 0 <= min_agreement <= 1:
         raise ConfigError(f"autotune: min_agreement must be a share from 0 to 1, got {min_agreement!r}")
-    hw = hw or detect(config.device)
+    hw = hw or detect(config.device, "GenerateConfig")
     stop = Deadline(time_budget_s, stop)  # a measurement under way ends before the budget runs out
     # quality is what guards the quantized and bf16 candidates: measured on every run
     fits = dataclasses.replace(config, max_new_tokens=None).max_new_tokens  # what the model's context leaves

@@ -4,11 +4,16 @@ and a way to end the DataLoader's worker processes when the run ends, however it
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 
 import torch
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
+
+from ..errors import DataWorkerDied
+
+DEAD_WORKER_WAIT_S = 1.0  # how long a failed fetch waits for a dying worker's exit to show
 
 
 def to_device(batch, device: torch.device, non_blocking: bool = False):
@@ -44,7 +49,31 @@ class LoaderBatches:
         return self
 
     def __next__(self):
-        return to_device(next(self._iterator), self.device, self.non_blocking)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            dead = self._dead_worker()
+            if dead is None:
+                raise
+            raise DataWorkerDied(dead) from exc
+        return to_device(batch, self.device, self.non_blocking)
+
+    def _dead_worker(self) -> str | None:
+        """Which worker died, in words, if one did: a worker killed while it fed the queue makes the fetch fail
+        with whatever the queue saw (a reset connection, an EOF), maybe a moment before its exit shows."""
+        workers = list(getattr(self._iterator, "_workers", []))
+        deadline = time.monotonic() + DEAD_WORKER_WAIT_S
+        while workers:
+            dead = [w for w in workers if not w.is_alive()]
+            if dead:
+                return (f"a data-loader worker process died ({'; '.join(_death(w) for w in dead)}: killed, or it "
+                        f"crashed outside Python); the run cannot get its batches")
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        return None
 
     def worker_pids(self) -> list[int]:
         """The process ids of the loader's workers (none without workers, or once closed)."""
@@ -54,6 +83,18 @@ class LoaderBatches:
         shutdown = getattr(self._iterator, "_shutdown_workers", None)  # only a multi-process iterator has one
         if shutdown is not None:
             shutdown()  # signals the workers, joins them, and terminates any that do not stop
+
+
+def _death(worker) -> str:
+    code = worker.exitcode
+    if code is not None and code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    return f"pid {worker.pid}, {how}"
 
 
 class CountedBatches:

@@ -74,13 +74,16 @@ def _expected() -> dict:
             "splits": {k: {"tokens": len(v), "sha256": _digest(v.tobytes())} for k, v in parts.items()}}, parts
 
 
-def _problem(meta: dict | None) -> str | None:
+def _problem(meta) -> str | None:
     """Why the cache on disk cannot be used (None: it can)."""
     if meta is None:
         return "no record of how it was built"
-    if meta.get("format") != CACHE_FORMAT or meta.get("val_fraction") != VAL_FRACTION:
+    shape = _shape_problem(meta)
+    if shape is not None:
+        return shape
+    if meta["format"] != CACHE_FORMAT or meta["val_fraction"] != VAL_FRACTION:
         return "it was built by another version of scalekit"
-    for split, want in meta.get("splits", {}).items():
+    for split, want in meta["splits"].items():
         path = cache_dir() / f"shakespeare_char_{split}.bin"
         if not path.exists():
             return f"{path.name} is missing"
@@ -88,6 +91,19 @@ def _problem(meta: dict | None) -> str | None:
             return f"{path.name} has {path.stat().st_size:,} bytes, not {2 * want['tokens']:,}"
         if _digest(path.read_bytes()) != want["sha256"]:
             return f"{path.name}'s content does not match its recorded checksum"
+    return None
+
+
+def _shape_problem(meta) -> str | None:
+    """Valid JSON can still be the wrong record (a list, a split without its size): said, never raised."""
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    if not isinstance(splits, dict) or set(splits) != {"train", "val"} or "format" not in meta \
+            or "val_fraction" not in meta:
+        return "its record is not in the form scalekit writes"
+    for want in splits.values():
+        if not isinstance(want, dict) or not isinstance(want.get("sha256"), str) or \
+                isinstance(want.get("tokens"), bool) or not isinstance(want.get("tokens"), int):
+            return "its record is not in the form scalekit writes"
     return None
 
 

@@ -29,6 +29,7 @@ from ..data import sample_tokens, shakespeare_batches, synthetic_batches
 from ..errors import ConfigError, ToggleUnavailable
 from ..models.family import ModelAdapter
 from ..models.presets import CHAR_VOCAB, PRESETS
+from ..optional import quiet_import
 from . import generation
 
 FAMILIES = ("gpt2", "llama")
@@ -36,7 +37,9 @@ FAMILIES = ("gpt2", "llama")
 
 def _transformers():
     try:
-        import transformers
+        transformers = quiet_import("transformers")
+        # its model code imports torchao where installed, whose kernels cannot load on a CPU: said quietly
+        quiet_import("transformers.modeling_utils")
     except ImportError as exc:  # scalekit itself does not need it
         raise ConfigError("Hugging Face models need transformers: pip install 'scalekit[hf]'") from exc
     return transformers
@@ -160,6 +163,8 @@ class HFCausalLM(ModelAdapter):
     # -- building and feeding --------------------------------------------------------------------------
     def build(self) -> torch.nn.Module:
         model = self._make()
+        if getattr(model, "loss_type", "") is None:  # a class name without "ForCausalLM" (GPT2LMHeadModel):
+            model.loss_type = "ForCausalLM"  # the loss transformers falls back to anyway, without its log line
         if self.vocab_multiple:
             # the padded rows are never an input or a target; mean_resizing=False skips fitting a Gaussian to
             # the old rows (and its log line), which a model built from a config has no use for

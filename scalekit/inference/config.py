@@ -19,7 +19,8 @@ from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
 from ..toggles import TOGGLES, check_combination, normalise
 
-MODEL_NAMES = (*PRETRAINED_NAMES, *PRESETS)  # the shipped model(s), then the presets (random weights)
+# the shipped model(s), then the presets (random weights); a preset named like a shipped model is that model
+MODEL_NAMES = tuple(dict.fromkeys((*PRETRAINED_NAMES, *PRESETS)))
 MAX_PROMPTS = 4096
 
 
@@ -151,24 +152,28 @@ class GenerateConfig:
                               f"{family.family} cannot be told where each row starts (a forward with pad=..., as the "
                               f"built-in GPT's, or a Hugging Face model's attention_mask): give prompts of one length")
         vocab = self.vocab_size()
-        for i, p in enumerate(ids):
+        for i, p in enumerate(ids):  # an id beyond the vocabulary would fail only inside the embedding
             if vocab is not None and max(p) >= vocab:
-                raise ConfigError(f"GenerateConfig.prompts[{i}] holds token id {max(p)}, outside the model's "
+                came = " (from GenerateConfig.tokenizer)" if isinstance(self.prompts[i], str) else ""
+                raise ConfigError(f"GenerateConfig.prompts[{i}] holds token id {max(p)}{came}, outside the model's "
                                   f"vocabulary of {vocab} ids (allowed: 0 to {vocab - 1})")
 
     def _validate_lengths(self) -> None:
         context = self.context_length()
         if context is None:
             return
-        for i, p in enumerate(self.prompt_ids()):
-            if len(p) > context:
+        ids = self.prompt_ids()
+        longest = max(len(p) for p in ids)
+        for i, p in enumerate(ids):
+            if len(p) >= context:  # the prompt is at fault, not max_new_tokens: no room for any new token
                 raise ConfigError(f"GenerateConfig.prompts[{i}] is {len(p)} tokens, longer than the model's context "
-                                  f"of {context} positions")
-        longest = max(len(p) for p in self.prompt_ids())
+                                  f"of {context} positions allows: a prompt may be at most {context - 1} tokens, "
+                                  f"leaving room for one new token")
         if longest + self.max_new_tokens > context:
-            raise ConfigError(f"GenerateConfig.max_new_tokens: the longest prompt ({longest} tokens) plus "
-                              f"max_new_tokens ({self.max_new_tokens}) is {longest + self.max_new_tokens}, beyond "
-                              f"the model's context of {context} positions: at most {context - longest} new tokens")
+            raise ConfigError(f"GenerateConfig.max_new_tokens: the longest of GenerateConfig.prompts ({longest} "
+                              f"tokens) plus max_new_tokens ({self.max_new_tokens}) is "
+                              f"{longest + self.max_new_tokens}, beyond the model's context of {context} positions: "
+                              f"at most {context - longest} new tokens")
         if self.quality and self.quality_seq_len is not None and self.quality_seq_len > context:
             raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond the model's "
                               f"context of {context} positions; allowed: 2 to {context} (None: cut to fit)")
@@ -231,15 +236,27 @@ class GenerateConfig:
         tok = self.get_tokenizer() if any(isinstance(p, str) for p in self.prompts) else None
         out = []
         for i, p in enumerate(self.prompts):
-            if isinstance(p, str):
-                try:
-                    out.append(list(tok.encode(p)))
-                except (KeyError, ValueError) as exc:
-                    raise ConfigError(f"GenerateConfig.prompts[{i}]: the tokenizer does not know {exc}; the shipped "
-                                      f"model reads the characters of Tiny Shakespeare") from None
-            else:
-                out.append(list(p))
+            out.append(self._encode(tok, i, p) if isinstance(p, str) else list(p))
         return out
+
+    def _encode(self, tok, i: int, text: str) -> list[int]:
+        """prompts[i] as token ids; a tokenizer that fails or returns something else is said in words."""
+        mine = self.tokenizer is not None  # a user's tokenizer, or the shipped corpus' characters
+        try:
+            ids = list(tok.encode(text))
+        except (KeyError, ValueError) as exc:
+            if mine:
+                raise ConfigError(f"GenerateConfig.tokenizer cannot encode prompts[{i}]: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            raise ConfigError(f"GenerateConfig.prompts[{i}]: the tokenizer does not know {exc}; the shipped "
+                              f"model reads the characters of Tiny Shakespeare") from None
+        except Exception as exc:  # noqa: BLE001 - a user's tokenizer can raise anything
+            raise ConfigError(f"GenerateConfig.tokenizer.encode failed on prompts[{i}]: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if not ids or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ConfigError(f"GenerateConfig.tokenizer.encode must return a non-empty list of token ids "
+                              f"(integers >= 0); for prompts[{i}] it returned {ids!r:.80}")
+        return [int(t) for t in ids]
 
     def describe(self) -> str:
         if not self.toggles:
@@ -256,7 +273,7 @@ class GenerateConfig:
             toggle = TOGGLES[name]
             ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
             if not ok:
-                raise ToggleUnavailable(f"toggle {name!r} is unavailable on this machine: {why}")
+                raise ToggleUnavailable(f"GenerateConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 
     def to_dict(self) -> dict:
         out = {}

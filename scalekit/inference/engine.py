@@ -40,7 +40,7 @@ def generate(config: GenerateConfig | None = None, *, on_token=None, on_status=N
         config = GenerateConfig(**fields)
     elif fields:
         config = dataclasses.replace(config, **fields)
-    hw = hw or hardware.detect(config.device)
+    hw = hw or hardware.detect(config.device, "GenerateConfig")
     cfg = config.resolve(hw)
     cfg.check_available(hw)
     status = on_status or (lambda message: None)
@@ -138,6 +138,10 @@ def _streamer(on_token, tokenizer):
     return emit
 
 
+NO_DECODE_STEP = ("one new token: no decode step to time (the prefill made it: see TTFT); decode tok/s and "
+                  "ms/token need max_new_tokens of 2 or more")
+
+
 def _record(ctx: BuildContext, result: GenerateResult, done: Decoded, prompts, tokenizer) -> None:
     """The measured generation's figures and text into the result."""
     batch = len(prompts)
@@ -146,8 +150,10 @@ def _record(ctx: BuildContext, result: GenerateResult, done: Decoded, prompts, t
         result.notes.append("stopped: the tokens generated so far are kept")
     result.prefill_ms, result.ttft_ms, result.total_s = done.prefill_ms, done.ttft_ms, done.total_s
     result.token_ms = list(done.step_ms)
-    result.decode_ms = Spread.of(result.token_ms)
+    result.decode_ms = Spread.of(result.token_ms) if result.token_ms else None
     result.decode_ms_p90 = p90(result.token_ms)
+    if not result.token_ms and done.tokens.shape[1] == 1 and not done.stopped:
+        result.notes.append(NO_DECODE_STEP)
     if result.token_ms:
         result.decode_tokens_per_s = batch / (result.decode_ms.median / 1e3)
         result.decode_tokens_per_s_wall = batch * len(result.token_ms) / (sum(result.token_ms) / 1e3)
@@ -169,7 +175,7 @@ def _decoded(tokenizer, ids: list[int]) -> str | None:
         return None
     try:
         return tokenizer.decode(ids)
-    except (IndexError, KeyError, ValueError):
+    except Exception:  # noqa: BLE001 - a user's tokenizer can raise anything: the tokens are kept, not the text
         return None
 
 
@@ -182,7 +188,9 @@ def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids,
         return
     status("counting live tensor memory over one more generation")
     weights = [t for module in ctx.base_model.modules() for t in _module_tensors(module)]
-    tracker = memory.LiveTensorBytes(weights)
+    # every buffer too, persistent or not (the GPT's causal masks): resident in every run, so counted from the
+    # start, not only in the runs whose forward happens to slice one (a no-cache forward does, a cached one not)
+    tracker = memory.LiveTensorBytes([*weights, *ctx.base_model.buffers()])
     with tracker:  # a dispatch mode cannot see inside compiled kernels: the eager model runs here
         probe = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
                        model=ctx.base_model)

@@ -128,6 +128,11 @@ def build_evaluator(ctx: BuildContext) -> None:
     cfg = ctx.config
     if not cfg.eval_every:
         return
+    if cfg.eval_every > cfg.steps:  # a note, not a refusal: autotune and ladders shorten a run's steps
+        acting = [n for n in cfg.toggles if "train" not in TOGGLES[n].loops]
+        ctx.notes.append(f"eval_every={cfg.eval_every} is more than steps={cfg.steps}: no evaluation runs"
+                         + (f", so {', '.join(acting)} act on nothing" if acting else ""))
+        return
     only_generate = {n: v for n, v in cfg.toggles.items() if "train" not in TOGGLES[n].loops}
     for phase in PHASES:
         apply_toggles(ctx, phase, only_generate, loop="generate")

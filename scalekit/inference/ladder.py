@@ -60,7 +60,7 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
     order alternating (scalekit.rounds)."""
     check_repeats("inference_ladder(repeats=)", repeats)
     base_cfg = as_generate_config(base, None)
-    hw = detect(base_cfg.device)
+    hw = detect(base_cfg.device, "GenerateConfig")
     on: dict = dict(base_cfg.toggles)
     results: list[GenerateResult] = []
     configs: list[GenerateConfig | None] = []

@@ -18,6 +18,13 @@ HEADER = ["run", "decode tok/s", "speed-up", "95% interval", "vs baseline", "ms/
           "TTFT ms", "weights MB", "KV MB", "peak MB", "perplexity", "agree", "note"]
 
 
+def _said(status: str, words: str) -> str:
+    """The status, then why, said once ("stopped: stopped during the warm-up" reads twice)."""
+    if not words:
+        return status
+    return words if words.startswith(status) else f"{status}: {words}"
+
+
 def generation_table(results: list[GenerateResult]) -> str:
     """One line per generation: decode tokens/s and its speed-up over the first row with its 95% interval and
     what it says (faster, slower, within noise), per-token latency with its spread, time to first token,
@@ -25,21 +32,23 @@ def generation_table(results: list[GenerateResult]) -> str:
     base = next((r for r in results if r.finished and r.decode_tokens_per_s), None)
     rows = [_row(r, base) for r in results]
     out = text_table(HEADER, rows)
-    if base:
-        out.append(f"device: {base.device}; torch {base.torch_version}; batch {base.batch_size}, "
-                   f"{base.new_tokens} new tokens; decode tok/s = batch ÷ the median decode step; "
-                   f"memory: {base.mem_source or 'not probed'}")
+    said = base or next((r for r in results if r.finished), None)  # a one-token generation has no decode rate
+    if said:
+        out.append(f"device: {said.device}; torch {said.torch_version}; batch {said.batch_size}, "
+                   f"{said.new_tokens} new tokens; decode tok/s = batch ÷ the median decode step; "
+                   f"memory: {said.mem_source or 'not probed'}")
     return "\n".join(out + measurement_footer([r for r in results if r.token_ms]))
 
 
 def _row(r: GenerateResult, base: GenerateResult | None) -> list[str]:
     if not r.finished:
-        return [r.label] + ["—"] * (len(HEADER) - 2) + [f"{r.status}: {r.error or ''}".strip()]
+        return [r.label] + ["—"] * (len(HEADER) - 2) + [_said(r.status, r.error or "; ".join(r.notes))]
     interval, why = generation_speedup(base, r) if base and r is not base else (None, "")
     notes = [why] if why else []
     notes += [f"compile {r.compile_s:.1f} s" if r.compile_s is not None else ""]
-    notes += ["stopped"] if r.status == "stopped" else []
     notes += [n for n in r.notes if not n.startswith("quantize=")]
+    if r.status == "stopped" and not any(n.startswith("stopped") for n in notes):
+        notes.insert(1, "stopped")
     if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
         notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
     notes += ["machine busy"] if r.busy_note else []

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -36,9 +37,10 @@ def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_r
     if nnodes == 1 and rdzv_endpoint is None:
         cmd += LOOPBACK_RDZV  # like --standalone, but every address is 127.0.0.1
     else:
-        if rdzv_endpoint is None or ":" not in rdzv_endpoint:
-            raise ConfigError(f"rdzv_endpoint must be HOST:PORT of node 0 (reachable from every node), got "
-                              f"{rdzv_endpoint!r}")
+        host, _, port = (rdzv_endpoint or "").rpartition(":")
+        if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"rdzv_endpoint must be HOST:PORT of node 0 (reachable from every node; a port from "
+                              f"1 to 65535), got {rdzv_endpoint!r} (with nnodes {nnodes})")
         if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
             raise ConfigError(f"node_rank must be an integer from 0 to nnodes-1 ({nnodes - 1}), got {node_rank!r}")
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
@@ -149,8 +151,11 @@ def run_command(args) -> int:
         raise ConfigError("--timeout-s and --keep-logs apply to launches on this machine only; with several "
                           "nodes torchrun runs the processes (give init_process_group a timeout in the script; "
                           "torchrun's --log-dir keeps the logs)")
-    cmd = torchrun_command(args.target, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                           rdzv_endpoint=args.rdzv_endpoint, args=args.args, module=args.module)
+    try:
+        cmd = torchrun_command(args.target, nproc_per_node=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                               rdzv_endpoint=args.rdzv_endpoint, args=args.args, module=args.module)
+    except ConfigError as exc:  # said in the words of the command line: its flags, not the arguments' names
+        raise ConfigError(FLAG_WORDS.sub(lambda m: "--" + m.group(0).replace("_", "-"), str(exc))) from None
     if args.print_torchrun:
         print(shlex.join(cmd))
         return 0
@@ -168,6 +173,9 @@ def run_command(args) -> int:
             print(f"scalekit launch: stopped by {exc.sigval.name}; every rank was stopped", file=sys.stderr)
             return 128 + exc.sigval
         return interrupted("scalekit launch")
+
+
+FLAG_WORDS = re.compile(r"\b(nproc_per_node|nnodes|node_rank|rdzv_endpoint)\b")
 
 
 def run_torchrun(cmd: list[str]) -> int:

@@ -4,10 +4,11 @@ quantized_base toggles share (peft imported only when adapters are added)."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 
-from ..errors import ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable
 from ..optional import quiet_import
 from .blocks import block_linears, is_conv1d
 
@@ -31,17 +32,41 @@ def adapter_targets(model: torch.nn.Module, names=None) -> list[str]:
     return targets
 
 
+def _in_out(layer: torch.nn.Module) -> tuple[int, int]:
+    """A linear layer's (in, out) features: nn.Linear and bitsandbytes' layers say them (a packed 4-bit weight's
+    shape does not); transformers' Conv1D keeps its weight as (in, out)."""
+    if hasattr(layer, "in_features"):
+        return layer.in_features, layer.out_features
+    return tuple(layer.weight.shape)
+
+
+def check_rank(rank: int, toggle: str, layers: dict[str, torch.nn.Module]) -> None:
+    """Refuse a rank above a layer's width: a rank-r update B·A of a layer with min(in, out) < r is not
+    low-rank any more, it only adds parameters (r · (in + out) of them)."""
+    shapes = {name: _in_out(layer) for name, layer in layers.items()}
+    too_narrow = [name for name, shape in shapes.items() if rank > min(shape)]
+    if too_narrow:
+        name, (n_in, n_out) = too_narrow[0], shapes[too_narrow[0]]
+        limit = min(min(shape) for shape in shapes.values())
+        raise ConfigError(f"RunConfig.toggles[{toggle!r}]={rank}: the rank is above the width of layer {name!r} "
+                          f"({n_in} in, {n_out} out): at most {limit} for the layers adapted here (a low-rank "
+                          f"update needs r ≤ min(in, out); 8 to 64 is usual)")
+
+
 def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) -> tuple[torch.nn.Module, str]:
     """peft's LoRA (or DoRA) layers on the targets, everything else frozen: (the PeftModel, a note saying what
     trains).  peft puts its layers into `model` in place and wraps it."""
     peft = quiet_import("peft")
     targets = adapter_targets(model, names)
     modules = dict(model.named_modules())
+    check_rank(rank, "dora" if use_dora else "lora", {t: modules[t] for t in targets})
     # Conv1D stores its weight (in, out): peft must know, or its update would be transposed
     fan_in_fan_out = all(is_conv1d(modules[t]) for t in targets)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
                              use_dora=use_dora, init_lora_weights=True, fan_in_fan_out=fan_in_fan_out)
-    wrapped = peft.get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: not ours to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        wrapped = peft.get_peft_model(model, config)
     kind = "DoRA" if use_dora else "LoRA"
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ConfigError
-from ..optional import quiet_import
+from ..optional import quiet_import, silence_known_warnings
 from .blocks import block_linears, find_blocks, is_conv1d
 
 # method -> (library it needs, what it does, in a line)
@@ -196,6 +196,7 @@ TORCHAO_CONFIGS = {  # method -> a function of the torchao.quantization module g
 def torchao_quantize(model: torch.nn.Module, method: str, device_type: str) -> int:
     """torchao's quantize_ on the target linears only (its filter sees every module; it takes ours)."""
     q = quiet_import("torchao.quantization", device_type)
+    silence_known_warnings("torchao")  # a compile of the quantized model warns about torchao's tensors
     targets = {id(linear) for _, _, linear in target_linears(model)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

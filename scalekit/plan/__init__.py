@@ -152,8 +152,9 @@ def check_fits(cfg: RunConfig, hw) -> str | None:
         where = "GPU memory" if hw.device_type == "cuda" else "RAM"
         raise ConfigError(f"RunConfig.check_memory: this run's {what} come to {need / 2**30:.1f} GiB"
                           f"{f' ({ranks_here} ranks on this machine)' if ranks_here > 1 else ''}, more than "
-                          f"{MEMORY_MARGIN:g}× this machine's {total / 2**30:.1f} GiB of {where}: lower batch_size "
-                          f"or seq_len, or set check_memory=False (--no-memory-check) if you know better")
+                          f"{MEMORY_MARGIN:g}× this machine's {total / 2**30:.1f} GiB of {where}: lower "
+                          f"RunConfig.batch_size or RunConfig.seq_len (or pick a smaller RunConfig.preset), or set "
+                          f"check_memory=False (--no-memory-check) if you know better")
     return None
 
 

@@ -137,9 +137,13 @@ def normalise(toggles: Any, owner: str = "RunConfig", loop: str | None = None) -
         raise ConfigError(f"{owner}.toggles must be a list of toggle names or a {{name: value}} dict, "
                           f"got {type(toggles).__name__}")
     chosen: dict[str, Any] = {}
+    named: set[str] = set()
     for name, value in items:
         if not isinstance(name, str) or name not in TOGGLES:
             raise ConfigError(f"{owner}.toggles: unknown toggle {name!r}; allowed: {', '.join(TOGGLES)}")
+        if name in named:  # a list can name a toggle twice; a dict cannot
+            raise ConfigError(f"{owner}.toggles: {name!r} is given twice: give each toggle once")
+        named.add(name)
         if loop is not None and loop not in TOGGLES[name].loops:
             acting = ", ".join(t.name for t in ORDER if loop in t.loops)
             raise ConfigError(f"{owner}.toggles: {name!r} applies to {' and '.join(LOOP_WORDS[x] for x in TOGGLES[name].loops)}, not to "

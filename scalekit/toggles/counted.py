@@ -11,7 +11,7 @@ from .base import Toggle
 
 def as_count(value: Any) -> int | None:
     """A positive whole number from an int or a numeric string (the CLI passes NAME=VALUE as text), else None."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():  # not '²' (int() refuses it)
         value = int(value.strip())
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
         return int(value)

@@ -27,6 +27,11 @@ class DataEcho(CountToggle):
     unit = "optimizer steps per fetched batch"
     plan_note = "data_echo repeats batches; a step's memory is the same"
 
+    def changes_nothing(self, cfg) -> str | None:
+        if cfg.toggles.get(self.name) == 1:
+            return "data_echo=1 changes nothing: each fetched batch is used once, as without it"
+        return None
+
     def apply(self, ctx: BuildContext, k: int) -> None:
         # batch echoing, after the device copy: the echoed steps neither fetch nor copy again
         ctx.batch_wrappers.append(lambda batches: echo_batches(batches, k))
