@@ -66,7 +66,10 @@ def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
     read-only mounts and pseudo file systems (/proc) that permission bits do not show."""
     if _is_stdout(path):
         return Path(STDOUT)
-    given = str(Path(os.fspath(path)).expanduser())
+    try:
+        given = str(Path(os.fspath(path)).expanduser())
+    except RuntimeError:  # "~name" of a user this machine does not have
+        raise ConfigError(f"{what} {os.fspath(path)!r} starts with ~ but names no user's home folder here") from None
     if "\0" in given:  # no file system takes one; os.stat would raise ValueError
         raise ConfigError(f"{what} {given!r} holds a NUL character: no file can have that name")
     real = _real(path)

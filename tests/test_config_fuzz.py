@@ -123,7 +123,7 @@ def test_every_generate_config_field_takes_any_value_or_names_itself(field, data
 # -- every flag of every command --------------------------------------------------------------------------------
 # each command with what comes before its flags; ladder inference and tune --generate take other paths
 COMMANDS = [("bench", []), ("plan", []), ("ladder", []), ("ladder", ["inference"]), ("export", ["hf"]),
-            ("generate", []), ("tune", []), ("tune", ["--generate"]), ("launch", [])]
+            ("generate", []), ("tune", []), ("tune", ["--generate"]), ("launch", []), ("toggles", [])]
 
 
 def flags() -> list[tuple[str, list[str], argparse.Action]]:

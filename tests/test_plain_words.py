@@ -135,9 +135,9 @@ def test_a_generation_stopped_in_its_warm_up_says_why():
 
     from scalekit.inference.report import generation_table
 
-    stop = threading.Event()
-    stop.set()
-    r = generate(GenerateConfig(max_new_tokens=20, quality=False, warmup_tokens=8, device="cpu"), stop=stop)
+    stop = threading.Event()  # pressed as the warm-up starts (a stop before the start builds nothing at all)
+    r = generate(GenerateConfig(max_new_tokens=20, quality=False, warmup_tokens=8, device="cpu"), stop=stop,
+                 on_status=lambda words: stop.set() if words.startswith("warm-up") else None)
     assert r.status == "stopped"
     row = generation_table([r]).splitlines()[2]
     assert "warm-up" in row and row.count("stopped") == 1, row

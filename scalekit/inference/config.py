@@ -132,7 +132,7 @@ class GenerateConfig:
             for name, value in self.toggles.items():
                 ok, why = TOGGLES[name].choice_applies(family, value)
                 if not ok:
-                    raise ToggleUnavailable(f"toggle {name!r} {why}")
+                    raise ToggleUnavailable(f"GenerateConfig.model: toggle {name!r} {why}")
 
     def _validate_prompts(self) -> None:
         prompts = self.prompts
@@ -170,9 +170,10 @@ class GenerateConfig:
                                   f"of {context} positions allows: a prompt may be at most {context - 1} tokens, "
                                   f"leaving room for one new token")
         if longest + self.max_new_tokens > context:
+            model = f"GenerateConfig.model {self.model!r}" if isinstance(self.model, str) else "GenerateConfig.model"
             raise ConfigError(f"GenerateConfig.max_new_tokens: the longest of GenerateConfig.prompts ({longest} "
                               f"tokens) plus max_new_tokens ({self.max_new_tokens}) is "
-                              f"{longest + self.max_new_tokens}, beyond the model's context of {context} positions: "
+                              f"{longest + self.max_new_tokens}, beyond the context of {model} ({context} positions): "
                               f"at most {context - longest} new tokens")
         if self.quality and self.quality_seq_len is not None and self.quality_seq_len > context:
             raise ConfigError(f"GenerateConfig.quality_seq_len ({self.quality_seq_len}) is beyond the model's "

@@ -104,9 +104,10 @@ class RunResult:
     def median_step_ms(self) -> float | None:
         """The median step time; with repeats, the geometric mean of the rounds' medians (so that two rows'
         ratio is their paired speed-up's estimate)."""
-        if not self.step_ms or not self.step_ms.n or not self.rounds:
+        rounds = [r for r in self.timing_rounds() if r]  # a round that measured no step has no median
+        if not self.step_ms or not self.step_ms.n or not self.rounds or not rounds:
             return self.step_ms.median if self.step_ms else None
-        return geometric_mean([statistics.median(r) for r in self.timing_rounds()])
+        return geometric_mean([statistics.median(r) for r in rounds])
 
     @property
     def all_steps_ms(self) -> Spread | None:
@@ -127,7 +128,11 @@ class RunResult:
 
     def add_round(self, again: RunResult) -> None:
         """Keep `again` (the same configuration measured once more) as a round; the figures become the rounds'."""
-        self.rounds.append(Round(step_ms=again.timing_rounds()[0], per_s_wall=again.tokens_per_s_wall))
+        steps_ms = again.timing_rounds()[0]
+        if not steps_ms:  # it measured no step: there is nothing to pair
+            self.notes.append("a repeat measured no step and is left out")
+            return
+        self.rounds.append(Round(step_ms=steps_ms, per_s_wall=again.tokens_per_s_wall))
         self.load = busiest(self.load, again.load)
         if self.tokens_per_step:
             self.tokens_per_s = self.tokens_per_step / (self.median_step_ms / 1e3)

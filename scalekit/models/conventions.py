@@ -156,9 +156,11 @@ def _built_class(factory) -> type | None:
     """The class a function builds, read by building it once on the meta device (no memory, no init)."""
     try:
         with torch.device("meta"):
-            return type(factory())
+            built = factory()
     except Exception:  # a factory that cannot run on meta tensors: its convention is found when it is built
         return None
+    # a function that returns no module: the build refuses it, naming GenerateConfig.model
+    return type(built) if isinstance(built, torch.nn.Module) else None
 
 
 BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)
