@@ -3,7 +3,9 @@ that fits a measurement (so a chapter's prose never contradicts its table)."""
 
 from __future__ import annotations
 
+import html
 import inspect
+import re
 import textwrap
 
 from .hardware import cuda_gpu_present
@@ -26,16 +28,15 @@ def pick(cpu, gpu):
 PLOT_RENDERER = "plotly_mimetype+notebook"
 
 
-def setup_plots() -> str:
+def setup_plots() -> None:
     """Make plotly figures render in JupyterLab and in a static HTML export of the executed notebook.
 
     JupyterLab draws plotly's mimetype; `jupyter nbconvert --to html` cannot, so each figure also carries
-    HTML, with plotly.js embedded once per notebook instead of fetched from a CDN (works offline).
-    """
+    HTML, with plotly.js embedded once per notebook instead of fetched from a CDN (works offline).  Returns
+    nothing, so a chapter's first cell shows nothing."""
     import plotly.io as pio
 
     pio.renderers.default = PLOT_RENDERER
-    return PLOT_RENDERER
 
 
 def before_after(results: list[RunResult], reference_ms: dict[str, float] | None = None, reference_name: str = ""):
@@ -59,11 +60,34 @@ def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateRe
     return f"{text} ({why})" if why else text
 
 
-def show_code(what):
-    """The code a toggle runs (by name), or any function's source, as a Markdown code block for a chapter:
-    pulled from the package with `inspect`, so it cannot go stale.  `.data` holds the Markdown text."""
-    from IPython.display import Markdown
+class CodeBlock:
+    """Source shown in a chapter: a Markdown code block in JupyterLab, and highlighted monospace HTML in a static
+    export (where a Markdown output would be set in the page's proportional font).  `.data` is the Markdown."""
 
+    def __init__(self, title: str, code: str):
+        self.title, self.code = title, code.rstrip()
+        self.data = f"{title}\n\n```python\n{self.code}\n```"
+
+    def _repr_markdown_(self) -> str:
+        return self.data
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        title = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(self.title))  # the title's Markdown, inline
+        title = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", title)
+        block = highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
+        return f"<p>{title}</p><div style='font-family: monospace; font-size: 12px'>{block}</div>"
+
+    def __repr__(self) -> str:
+        return self.data
+
+
+def show_code(what) -> CodeBlock:
+    """The code a toggle runs (by name), or any function's source, for a chapter: pulled from the package with
+    `inspect`, so it cannot go stale."""
     if isinstance(what, str):
         if what not in TOGGLES:
             raise KeyError(f"no toggle {what!r}; toggles: {', '.join(TOGGLES)}")
@@ -72,4 +96,4 @@ def show_code(what):
     else:
         title = f"**`{what.__module__}.{what.__qualname__}`**:"
         code = textwrap.dedent(inspect.getsource(what))
-    return Markdown(f"{title}\n\n```python\n{code.rstrip()}\n```")
+    return CodeBlock(title, code)
