@@ -16,4 +16,6 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 export SCALEKIT_CACHE="${SCALEKIT_CACHE:-$(mktemp -d)}"
-python3 -m pytest --nbval-lax tests notebooks "$@"
+# one worker per core (pytest-xdist), each test file and each notebook kept whole on one worker (a notebook's cells
+# share one kernel; the forking test files, which go first, run before anything in their worker imports bitsandbytes)
+python3 -m pytest -n "${SCALEKIT_TEST_WORKERS:-auto}" --dist loadfile --nbval-lax tests notebooks "$@"

@@ -8,6 +8,15 @@ HAS_CUDA = torch.cuda.is_available()
 # Hugging Face models are built from configs: nothing in the tests may reach for the Hub
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (scripts/test.sh runs one worker per core) every worker computes on its share of the cores:
+# two workers with torch's default of one thread per core would each wait on the other's threads.  The variable
+# reaches what the workers start too (notebook kernels, forked ranks, CLI subprocesses).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ["OMP_NUM_THREADS"] = _SHARE
+    torch.set_num_threads(int(_SHARE))
+
 
 FORKING_MODULES = ("test_launch", "test_distributed")
 
