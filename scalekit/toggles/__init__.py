@@ -9,6 +9,7 @@ from ..errors import ConfigError
 from . import (
     bf16,
     checkpointing,
+    chunked_cross_entropy,
     compile,
     cpu_offload,
     data_echo,
@@ -63,6 +64,7 @@ ORDER: list[Toggle] = [
     data_echo.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
+    chunked_cross_entropy.TOGGLE,
     kv_cache.TOGGLE,
     head_only.TOGGLE,
     quantized_base.TOGGLE,
