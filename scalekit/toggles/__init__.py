@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import (
+    activation_offload,
     bf16,
     checkpointing,
     chunked_cross_entropy,
@@ -73,6 +74,7 @@ ORDER: list[Toggle] = [
     optim.TOGGLE,
     quantize.TOGGLE,
     checkpointing.TOGGLE,
+    activation_offload.TOGGLE,
     compile.TOGGLE,
     ddp.TOGGLE,
     cpu_offload.TOGGLE,
