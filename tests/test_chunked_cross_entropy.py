@@ -114,3 +114,14 @@ def test_a_large_vocabulary_keeps_far_less_and_the_plan_follows():
     assert more < estimate(RunConfig(**cfg, toggles={"chunked_cross_entropy": 2})).peak_bytes
     plan = estimate(RunConfig(**cfg, toggles={"chunked_cross_entropy": 8}))
     assert plan.hardware_flops_per_step > plan.flops_per_step  # the head's matmul again in backward
+
+
+def test_autotune_tries_the_new_memory_levers_only_over_the_budget():
+    from scalekit.autotune.changes import declared_changes
+
+    tried = {tuple(toggles.items())[0]: tune for _, toggles, tune in declared_changes("train", CPU)}
+    for change in (("chunked_cross_entropy", 8), ("checkpointing", "selective"), ("activation_offload", True)):
+        assert change in tried and tried[change].memory_only, change  # liger is not here: 8 chunks run on the CPU
+    # the cheaper levers first: the chunked loss saves without recomputing blocks, selective before full
+    assert tried[("chunked_cross_entropy", 8)].rank < tried[("checkpointing", "selective")].rank \
+        < tried[("checkpointing", 1)].rank
