@@ -125,3 +125,12 @@ def test_autotune_tries_the_new_memory_levers_only_over_the_budget():
     # the cheaper levers first: the chunked loss saves without recomputing blocks, selective before full
     assert tried[("chunked_cross_entropy", 8)].rank < tried[("checkpointing", "selective")].rank \
         < tried[("checkpointing", 1)].rank
+
+
+def test_a_family_that_changes_its_logits_after_the_head_is_refused_naming_it():
+    pytest.importorskip("transformers")
+    from scalekit.hf import causal_lm
+
+    capped = causal_lm("llama", preset="tiny", final_logit_softcapping=30.0)  # as Gemma 2 caps its logits
+    with pytest.raises(ToggleUnavailable, match=r"chunked_cross_entropy.*LlamaForCausalLM.*final_logit_softcapping"):
+        RunConfig(model=capped, toggles={"chunked_cross_entropy": 4})
