@@ -372,7 +372,8 @@ def train_memory(dry_run: bool) -> dict:
     base_toggles = {} if device == "cpu" else {"bf16": True, "sdpa": True}
 
     def measure(label, toggles, p=preset):
-        r = run(RunConfig(preset=p, batch_size=4 if dry_run else 8, steps=2 if dry_run else 8, warmup_steps=1,
+        r = run(RunConfig(preset=p, batch_size=2 if dry_run else 8, steps=1 if dry_run else 8,
+                          warmup_steps=0 if dry_run else 1,
                           toggles={**base_toggles, **toggles}, device=device, data="synthetic"), catch_errors=True)
         return r, {"config": label, "status": r.status, "step_ms": r.median_step_ms, "peak_mb": _mb(r.peak_mem_bytes),
                    "activations_mb": _mb(r.activations_bytes), "compile_s": r.compile_s, "note": r.error or ""}
