@@ -105,7 +105,9 @@ def test_a_large_vocabulary_keeps_far_less_and_the_plan_follows():
     plain = run(RunConfig(**cfg))
     chunked = run(RunConfig(**cfg, toggles={"chunked_cross_entropy": 8}))
     assert chunked.params_bytes == plain.params_bytes and chunked.grads_bytes == plain.grads_bytes
-    assert chunked.peak_mem_bytes < 0.4 * plain.peak_mem_bytes, (chunked.peak_mem_bytes, plain.peak_mem_bytes)
+    # activations 137 → 25 MiB here (the weights, their gradients and AdamW's state, 49 MiB, are the same)
+    assert chunked.activations_bytes < 0.3 * plain.activations_bytes, (chunked.activations_bytes, plain.activations_bytes)
+    assert chunked.peak_mem_bytes < 0.5 * plain.peak_mem_bytes, (chunked.peak_mem_bytes, plain.peak_mem_bytes)
     assert abs(chunked.final_loss - plain.final_loss) <= REL * plain.final_loss
     for result, toggles in ((plain, {}), (chunked, {"chunked_cross_entropy": 8})):
         planned = estimate(RunConfig(**cfg, toggles=toggles)).peak_bytes
