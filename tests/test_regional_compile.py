@@ -1,5 +1,5 @@
-"""compile='regional': each repeated block compiled in place, one graph reused by all; the outputs of eager and of
-whole-model compile; refused in one line for a model without blocks."""
+"""compile='regional': each repeated block compiled in place, one graph reused by all; eager's outputs (whole-model
+compile against eager is tests/test_compile_equivalence.py); refused in one line for a model without blocks."""
 
 from __future__ import annotations
 
@@ -61,12 +61,10 @@ def test_regional_is_refused_in_one_line_for_a_model_without_blocks():
 
 
 @pytest.mark.slow
-def test_regional_and_whole_model_compile_agree_with_eager():
+def test_regional_compile_agrees_with_eager():
+    # (whole-model compile against eager: tests/test_compile_equivalence.py; one compile here keeps this under a minute)
     batch, loss, grads, _, _ = one_step({})
     _, loss_r, grads_r, stats, _ = one_step({"compile": "regional"}, batch)
-    _, loss_w, grads_w, _, _ = one_step({"compile": "default"}, batch)
     assert stats["unique_graphs"] == 1
-    for other_loss, other_grads in ((loss_r, grads_r), (loss_w, grads_w)):
-        assert abs(other_loss - loss) <= 1e-5 * loss
-        assert_close(other_grads, grads, rel=1e-4)  # inductor fuses and reorders float sums
-    assert_close(grads_r, grads_w, rel=1e-4)
+    assert abs(loss_r - loss) <= 1e-5 * loss
+    assert_close(grads_r, grads, rel=1e-4)  # inductor fuses and reorders float sums
