@@ -257,8 +257,9 @@ def probe_step_memory(ctx: BuildContext, tracker) -> int:
     # a dispatch mode cannot see inside compiled kernels, and dynamo would mark the model's code as
     # "skip" for the rest of the process: probe the eager model instead
     model, ctx.model = ctx.model, (ctx.base_model if ctx.compiled else ctx.model)
+    eager = torch.compiler.set_stance("force_eager") if ctx.compiled else contextlib.nullcontext()  # compiled blocks
     try:
-        with tracker:
+        with tracker, eager:
             train_step(ctx, next(ctx.batches))
     finally:
         ctx.model = model

@@ -27,6 +27,7 @@ import torch
 
 from ..data import sample_tokens, shakespeare_batches, synthetic_batches
 from ..errors import ConfigError, ToggleUnavailable
+from ..models.chunked_loss import IGNORE_INDEX, head_loss
 from ..models.family import ModelAdapter
 from ..models.presets import CHAR_VOCAB, PRESETS
 from ..optional import quiet_import
@@ -94,6 +95,29 @@ def causal_lm(source: Any = "gpt2", preset: str = "tiny", dropout: float | None 
     return HFCausalLM(source)
 
 
+# config fields by which a family scales or caps its logits after the head (Gemma, Cohere, Granite)
+LOGIT_SCALINGS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def chunked_loss_forward(model: torch.nn.Module, mode: int | str) -> None:
+    """Make `model`'s forward, when given labels, run its base model for the final hidden state and compute the
+    head and the loss chunk by chunk (scalekit.models.chunked_loss); without labels it is the model's own forward.
+    The loss is transformers' causal-LM loss: labels shifted by one, -100 ignored, the mean over the rest."""
+    own = model.forward
+
+    def forward(input_ids=None, attention_mask=None, labels=None, **kwargs):
+        if labels is None:
+            return own(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        kwargs.pop("num_items_in_batch", None)
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]  # (B, T, d)
+        head = model.get_output_embeddings()  # read each call: resizing the vocabulary replaces it
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        loss = head_loss(hidden, head.weight, shifted, mode, bias=head.bias)
+        return _transformers().modeling_outputs.CausalLMOutputWithPast(loss=loss)
+
+    model.forward = forward
+
+
 class HFCausalLM(ModelAdapter):
     """A Hugging Face causal LM, built fresh for each run with the toggles' changes made the Transformers way."""
 
@@ -104,6 +128,7 @@ class HFCausalLM(ModelAdapter):
         self.source = source
         self.attn_implementation = "eager"  # the sdpa toggle switches it: off means explicit attention
         self.vocab_multiple: int | None = None  # set by nice_numbers: resize_token_embeddings' pad_to_multiple_of
+        self.loss_chunks: int | str | None = None  # set by chunked_cross_entropy: the training loss's head in chunks
         self._config = None  # the model's transformers config, read once
         self._class: type | None = None  # the class a function source returns, read once
 
@@ -252,6 +277,17 @@ class HFCausalLM(ModelAdapter):
             return None  # this transformers checkpoints every layer or none: scalekit wraps every k-th block
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return "checkpointing the Transformers way: gradient_checkpointing_enable(use_reentrant=False)"
+
+    def loss_chunking_support(self) -> tuple[bool, str]:
+        config = self.hf_config
+        for name in LOGIT_SCALINGS:  # a head whose logits are scaled or capped: the chunked loss would skip that
+            if getattr(config, name, None) not in (None, 1, 1.0):
+                return False, (f"computes the loss of a plain linear head, and {self.model_class.__name__} changes its "
+                               f"logits after the head ({name}={getattr(config, name)})")
+        return True, ""
+
+    def chunk_loss(self, mode: int | str) -> None:
+        self.loss_chunks = mode  # build() makes the model's forward with labels compute the loss chunk by chunk
 
     def sequential_checkpoint_support(self) -> tuple[bool, str]:
         return False, ("checkpoint_sequential passes one tensor from block to block, and Hugging Face blocks "

@@ -9,6 +9,7 @@ the training engine probes a compiled model); on a GPU from the allocator over t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -191,7 +192,8 @@ def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids,
     # every buffer too, persistent or not (the GPT's causal masks): resident in every run, so counted from the
     # start, not only in the runs whose forward happens to slice one (a no-cache forward does, a cached one not)
     tracker = memory.LiveTensorBytes([*weights, *ctx.base_model.buffers()])
-    with tracker:  # a dispatch mode cannot see inside compiled kernels: the eager model runs here
+    # a dispatch mode cannot see inside compiled kernels: the eager model runs here (blocks compiled in place too)
+    with tracker, torch.compiler.set_stance("force_eager") if ctx.compiled else contextlib.nullcontext():
         probe = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
                        model=ctx.base_model)
     if probe.stopped:

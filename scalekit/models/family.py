@@ -108,6 +108,17 @@ class ModelAdapter:
         """Whether torch's checkpoint_sequential can run the blocks (each takes and returns one tensor), and why not."""
         return True, ""
 
+    def loss_chunking_support(self) -> tuple[bool, str]:
+        """Whether chunk_loss can compute this family's training loss head chunk by chunk, and why not (said of the
+        toggle): it needs the model's final hidden state and its output head, apart from each other."""
+        return False, (f"needs the model's final hidden state and output head apart, which {self.family} does not "
+                       f"expose (its loss is computed from whole logits)")
+
+    def chunk_loss(self, mode: int | str) -> None:
+        """Make the model to be built compute its training loss's head and loss in `mode` chunks of tokens (or
+        through Liger's fused kernel: 'liger'), never the whole logits (scalekit.models.chunked_loss)."""
+        raise ToggleUnavailable(self.loss_chunking_support()[1])
+
     # -- generation ----------------------------------------------------------------------------------------
     @property
     def context_len(self) -> int | None:

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .chunked_loss import head_loss
+
 ATTENTION_IMPLS = ("manual", "sdpa")
 
 
@@ -33,6 +35,9 @@ class GPTConfig:
     n_embd: int = 768
     attention: str = "manual"  # "manual" (explicit softmax(QK^T)V) or "sdpa" (F.scaled_dot_product_attention)
     bias: bool = True
+    # the training loss's head: None computes the (B, T, vocab) logits at once; a count computes the head and the
+    # loss in that many chunks of tokens, 'liger' through Liger-Kernel's fused kernel (models.chunked_loss)
+    loss_chunks: int | str | None = None
 
     @property
     def embedding_rows(self) -> int:
@@ -156,8 +161,11 @@ class GPT(nn.Module):
             # training calls block(x) alone: activation checkpointing wraps exactly that call
             x = block(x) if mask is None else block(x, None if cache is None else cache.layers[i], input_pos, mask)
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, embedding_rows)
         V = self.config.vocab_size
+        if targets is not None and self.config.loss_chunks and cache is None:
+            # the logits are never made whole: the head and the loss run chunk by chunk (no logits returned)
+            return None, head_loss(x, self.lm_head.weight, targets, self.config.loss_chunks, valid_vocab=V)
+        logits = self.lm_head(x)  # (B, T, embedding_rows)
         if logits.size(-1) > V:
             # padded rows are not tokens: -inf gives them zero probability and zero gradient.
             # (in place is safe: the matmul's backward needs its inputs, not its output)

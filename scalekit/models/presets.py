@@ -34,6 +34,8 @@ PRESETS: dict[str, Preset] = {
         Preset("small", 4, 4, 128, 128, CHAR_VOCAB, 16, "shakespeare", "≈0.8M params; CPU-friendly"),
         Preset("medium", 6, 6, 384, 256, CHAR_VOCAB, 16, "shakespeare",
                "≈10.7M params; nanoGPT's shakespeare-char model"),
+        Preset("tiny-vocab50k", 2, 2, 64, 64, 50304, 8, "synthetic",
+               "tiny's width with GPT-2's padded vocabulary (50,304): the loss head dominates memory"),
         Preset("gpt2-124m", 12, 12, 768, 1024, 50257, 16, "synthetic", "GPT-2 small: 124M params"),
         Preset("shakespeare-char", 4, 4, 128, 1024, CHAR_VOCAB, 8, "shakespeare",
                "≈0.93M params, context 1024: the shape of the shipped pretrained model", "shakespeare-char"),

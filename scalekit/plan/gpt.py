@@ -89,10 +89,16 @@ class Shape:
     block_size: int  # rows of the position table and of each causal-mask buffer
     batch: int
     seq: int
+    loss_chunks: int = 0  # the head and loss computed in this many chunks of tokens (chunked_cross_entropy; 0: not)
 
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    @property
+    def logit_tokens(self) -> int:
+        """Tokens whose logits exist at once: all of them, or one chunk's."""
+        return -(-self.tokens // max(1, self.loss_chunks))
 
 
 def layer_activation_bytes(s: Shape, act: int, sdpa: bool, cuda: bool) -> int:
@@ -116,12 +122,23 @@ def head_activation_bytes(s: Shape, act: int, stable_embedding: bool) -> int:
     """What the embedding, final LayerNorm, lm_head and loss keep."""
     t, d = s.tokens, s.d
     kept = (2 * t * INT64 + s.seq * INT64  # token ids, targets, positions
-            + t * d * FP32 + 2 * t * FP32  # ln_f input and statistics
-            + t * d * act  # ln_f output, kept by lm_head
-            + t * s.vocab_rows * FP32)  # the log-softmax output (the loss is computed in fp32)
+            + t * d * FP32 + 2 * t * FP32)  # ln_f input and statistics
+    if s.loss_chunks:  # the chunked loss keeps ln_f's fp32 output and a log-sum-exp per token, no logits
+        kept += t * d * FP32 + t * FP32 + t  # (and which targets count)
+    else:
+        kept += t * d * act + t * s.vocab_rows * FP32  # ln_f output kept by lm_head; the fp32 log-softmax output
     if stable_embedding:
         kept += t * d * FP32 + 2 * t * FP32  # StableEmbedding's LayerNorm input and statistics
     return kept
+
+
+def loss_chunks_of(gpt_config: GPTConfig) -> int:
+    """The chunks the GPT's loss head runs in: 0 (whole logits, unchunked), its count, or Liger's (a chunk of about as many
+    tokens × vocabulary as tokens × width: ⌈vocab / d⌉ chunks)."""
+    chunks = gpt_config.loss_chunks
+    if chunks == "liger":
+        return max(2, -(-gpt_config.embedding_rows // gpt_config.n_embd))
+    return int(chunks or 0)
 
 
 def block_groups(n_layer: int, checkpointing) -> list[tuple[int, bool]]:
@@ -150,8 +167,10 @@ def backward_peak_bytes(s: Shape, groups, layer: int, head: int, weights_16bit: 
     t = s.tokens
     boundary = t * s.d * FP32  # a checkpointed group keeps only its input
     alive = head + weights_16bit + sum(boundary if ckpt else n * layer for n, ckpt in groups)
-    # at the start: two logit-sized gradients (loss and log-softmax) and two residual-stream gradients
-    peak = grads_before + alive + 2 * t * s.vocab_rows * FP32 + 2 * t * s.d * FP32
+    # at the start: two logit-sized gradients (loss and log-softmax; a chunked loss: one chunk's logits and their
+    # gradient, and the head's fp32 weight gradient it sums them into) and two residual-stream gradients
+    head_grad = s.vocab_rows * s.d * FP32 if s.loss_chunks else 0
+    peak = grads_before + alive + head_grad + 2 * s.logit_tokens * s.vocab_rows * FP32 + 2 * t * s.d * FP32
     grads = grads_before or head_grads
     alive -= head
     for n, ckpt in reversed(groups):
@@ -171,7 +190,8 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
     cuda = device_type == "cuda"
     k = facts.micro_batches
     s = Shape(gpt_config.n_layer, gpt_config.n_head, gpt_config.n_embd, gpt_config.vocab_size,
-              gpt_config.embedding_rows, gpt_config.block_size, cfg.batch_size // k, cfg.seq_len)
+              gpt_config.embedding_rows, gpt_config.block_size, cfg.batch_size // k, cfg.seq_len,
+              loss_chunks_of(gpt_config))
     optim = facts.optimizer
     stable = optim in EIGHT_BIT  # the GPT's embedding becomes a StableEmbedding
     shapes = model_shapes(gpt_config, stable)
@@ -209,4 +229,6 @@ def step_flops(cfg, s: Shape, shapes: ModelShapes, groups) -> tuple[int, int]:
     # recomputation stops once backward has what it needs (torch's checkpoint early stop): a group's last
     # projection is not run again, as its output was never saved
     recomputed = sum(n * block_forward - 2 * shapes.block_last_linear for n, c in groups if c)
+    if s.loss_chunks:  # a chunked loss runs the head's matmul again in backward
+        recomputed += 2 * s.d * s.vocab_rows
     return flops, flops + recomputed * tokens_step

@@ -7,8 +7,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import (
+    activation_offload,
     bf16,
     checkpointing,
+    chunked_cross_entropy,
     compile,
     cpu_offload,
     data_echo,
@@ -63,6 +65,7 @@ ORDER: list[Toggle] = [
     data_echo.TOGGLE,
     sdpa.TOGGLE,
     nice_numbers.TOGGLE,
+    chunked_cross_entropy.TOGGLE,
     kv_cache.TOGGLE,
     head_only.TOGGLE,
     quantized_base.TOGGLE,
@@ -71,6 +74,7 @@ ORDER: list[Toggle] = [
     optim.TOGGLE,
     quantize.TOGGLE,
     checkpointing.TOGGLE,
+    activation_offload.TOGGLE,
     compile.TOGGLE,
     ddp.TOGGLE,
     cpu_offload.TOGGLE,

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+import torch
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    checkpoint_sequential,
+    create_selective_checkpoint_contexts,
+)
 
 from ..checks import bool_or_none, check_bool, dict_or_none, int_in
 from ..errors import ConfigError, ToggleUnavailable
@@ -13,13 +20,31 @@ from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle, as_count
 
 SEQUENTIAL = "sequential"
+SELECTIVE = "selective"
+
+_aten = torch.ops.aten
+# what selective checkpointing keeps (torchtitan's "op" policy): the outputs of the matmuls and of fused attention,
+# which are costly to compute again; everything else (norms, GELU, softmax, adds, views) is recomputed in backward
+SAVED_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+                       _aten._scaled_dot_product_flash_attention.default,
+                       _aten._scaled_dot_product_efficient_attention.default,
+                       _aten._scaled_dot_product_cudnn_attention.default,
+                       _aten._scaled_dot_product_flash_attention_for_cpu.default})
 
 
-def checkpointed(forward):
-    """`forward`, run under torch.utils.checkpoint: its activations are recomputed in backward, not kept."""
+def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """The selective policy: keep what SAVED_OPS compute, recompute the cheap rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(forward, selective: bool = False):
+    """`forward`, run under torch.utils.checkpoint: its activations are recomputed in backward, not kept
+    (selective: all but the matmuls' outputs, which are kept)."""
+    extra = {"context_fn": functools.partial(create_selective_checkpoint_contexts, save_matmuls)} if selective else {}
+
     def run(*args, **kwargs):
         # use_reentrant=False: the recommended form; works with kwargs, compile and grads of any inputs
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
     return run
 
@@ -29,11 +54,11 @@ def sequential_segments(n_blocks: int) -> int:
     return max(2, math.ceil(math.sqrt(n_blocks)))
 
 
-def checkpoint_every(blocks, every: int) -> list[int]:
+def checkpoint_every(blocks, every: int, selective: bool = False) -> list[int]:
     """Checkpoint blocks k, 2k, 3k… (1-based, as torchtitan counts); returns their 0-based indices."""
     chosen = [i for i in range(len(blocks)) if (i + 1) % every == 0]
     for i in chosen:
-        blocks[i].forward = checkpointed(blocks[i].forward)
+        blocks[i].forward = checkpointed(blocks[i].forward, selective)
     return chosen
 
 
@@ -77,25 +102,27 @@ def enable_line(model: str, every: int) -> str:
 
 class Checkpointing(CountToggle):
     name = "checkpointing"
-    summary = "activation checkpointing: every block (or every k-th), or torch's checkpoint_sequential"
+    summary = ("activation checkpointing: every block (or every k-th), torch's checkpoint_sequential, or selective "
+               "(matmul outputs kept, the cheap ops recomputed)")
     cost = "one more forward of each checkpointed block during backward: ≈20% slower (≈⅓ more FLOPs)"
     helps_when = "activations dominate memory: long sequences, big batches, many layers"
     group = "memory"
     kind = "memory"
     phase = "wrap"
-    tuning = (Tune(1, rank=130, label="checkpointing (to fit)", memory_only=True),)
     default = 1
-    choices = (1, 2, "sequential")  # offered in the Lab and `scalekit toggles`; any count works
-    unit = "blocks (1: every block, k: every k-th block), or 'sequential'"
+    tuning = (Tune(1, rank=130, label="checkpointing (to fit)", memory_only=True),
+              Tune(SELECTIVE, rank=128, label="selective checkpointing (to fit)", memory_only=True))
+    choices = (1, 2, SEQUENTIAL, SELECTIVE)  # offered in the Lab and `scalekit toggles`; any count works
+    unit = "blocks (1: every block, k: every k-th block), 'sequential' or 'selective'"
 
     def validate(self, value: Any, owner: str = "RunConfig") -> int | str:
-        if value == SEQUENTIAL:
-            return SEQUENTIAL
+        if value in (SEQUENTIAL, SELECTIVE):
+            return value
         if value is True or as_count(value) is not None:
             return super().validate(value, owner)
         raise ConfigError(f"{owner}.toggles['checkpointing'] must be True (every block), a positive whole "
-                          f"number k (every k-th block) or 'sequential' (torch's checkpoint_sequential); "
-                          f"got {value!r}")
+                          f"number k (every k-th block), 'sequential' (torch's checkpoint_sequential) or "
+                          f"'selective' (every block, its matmul outputs kept); got {value!r}")
 
     def apply(self, ctx: BuildContext, value: int | str) -> None:
         blocks = ctx.blocks  # found once for the run by scalekit.models.blocks.find_blocks
@@ -103,6 +130,10 @@ class Checkpointing(CountToggle):
             raise ToggleUnavailable("checkpointing needs repeated blocks: your model has no nn.ModuleList or "
                                     "nn.Sequential to checkpoint")
         adapter = ctx.model_adapter  # a model family with its own way to checkpoint (Hugging Face), or None
+        if value == SELECTIVE:  # scalekit wraps every block itself, with the policy as its context_fn
+            checkpoint_every(blocks, 1, selective=True)
+            ctx.notes.append(f"selective checkpointing of {len(blocks)} blocks: matmul and attention outputs kept")
+            return
         if value == SEQUENTIAL:
             ok, why = adapter.sequential_checkpoint_support() if adapter is not None else (True, "")
             if not ok:
@@ -126,6 +157,8 @@ class Checkpointing(CountToggle):
 
     def plan(self, facts, value: int | str) -> None:
         facts.checkpointing = value
+        if value == SELECTIVE:  # what the policy keeps depends on the ops each block dispatches: traced
+            facts.analytic = False
 
     def traced(self, value) -> bool:
         return True
@@ -152,6 +185,9 @@ class Checkpointing(CountToggle):
         return every
 
     def spelling(self, target, value, cfg) -> Spelling:
+        if value == SELECTIVE:
+            why = "selective checkpointing needs a policy function (context_fn), which the framework's switch cannot take"
+            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
         if value == SEQUENTIAL:
             why = ("torch's checkpoint_sequential passes one tensor from block to block, and a Transformers model's blocks "
                    "also take masks and positions")

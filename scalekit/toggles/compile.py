@@ -5,11 +5,19 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_bool
-from ..errors import ConfigError
+from ..errors import ConfigError, ToggleUnavailable
 from ..hardware import c_compiler
 from .base import BuildContext, Spelling, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+REGIONAL = "regional"  # each repeated block compiled (one graph reused by every block), not the whole model
+
+
+def compile_blocks(blocks) -> None:
+    """Compile each block in place (nn.Module.compile: its names, state_dict and hooks unchanged).  Blocks of one
+    class share their code, and dynamo treats their weights as inputs, so the first block's graph serves the rest."""
+    for block in blocks:
+        block.compile()
 
 
 class Compile(Toggle):
@@ -20,7 +28,7 @@ class Compile(Toggle):
     group = "compile"
     phase = "wrap"
     loops = ("train", "generate")
-    choices = COMPILE_MODES
+    choices = (*COMPILE_MODES, REGIONAL)
     tuning = (Tune("default", rank=70, uninterruptible=True),
               Tune("default", rank=60, loop="generate", uninterruptible=True))
     plan_note = 'compile fuses ops and can keep less; this plan is for eager execution'
@@ -41,7 +49,15 @@ class Compile(Toggle):
         # every run compiles afresh: compiled code and guards left by earlier runs in this process would
         # otherwise count against dynamo's recompile limit (past it, dynamo silently runs eagerly)
         torch._dynamo.reset()
-        ctx.model = torch.compile(ctx.model, mode=value)
+        if value == REGIONAL:
+            if ctx.blocks is None:
+                raise ToggleUnavailable(f"compile='regional' compiles each repeated block, and "
+                                        f"{type(ctx.base_model).__name__} has no nn.ModuleList or nn.Sequential of "
+                                        f"blocks: use compile='default' (the whole model)")
+            compile_blocks(ctx.blocks)
+            ctx.notes.append(f"regional compile: each of {len(ctx.blocks)} blocks compiled, the rest eager")
+        else:
+            ctx.model = torch.compile(ctx.model, mode=value)
         ctx.compiled = True
 
     training_fields = {"torch_compile": False, "torch_compile_mode": None, "torch_compile_backend": None}
@@ -61,6 +77,9 @@ class Compile(Toggle):
         return mode or "default"
 
     def spelling(self, target, mode: str, cfg) -> Spelling:
+        if mode == REGIONAL:
+            return Spelling(missing="regional compile is `block.compile()` on each of the model's repeated blocks, "
+                                    "which the framework's compile switch does not offer")
         if target == "hf":
             return Spelling(kwargs={"torch_compile": True, "torch_compile_backend": "inductor",
                                     **({"torch_compile_mode": mode} if mode != "default" else {})})
