@@ -75,10 +75,13 @@ def rollback(cache, length: int) -> None:
     import transformers
 
     if isinstance(cache, transformers.StaticCache):
-        return  # keys after each query's position are masked, and the next write overwrites them
+        raise NotImplementedError("transformers' StaticCache counts the positions written itself and cannot be cut "
+                                  "back; use kv_cache='dynamic'")
     if isinstance(cache, transformers.QuantizedCache):
         raise NotImplementedError("transformers' QuantizedCache cannot be cut back to a shorter length")
-    cache.crop(length)
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)  # a negative count removes that many positions, in transformers 4 and 5 alike
 
 
 def logits(model, ids: torch.Tensor, cache=None, input_pos=None, pad=None, last_only: bool = False):

@@ -37,7 +37,7 @@ class Speculative(Toggle):
         """True, 'draft', 'prompt_lookup', 'draft=NAME,k=K', 'prompt_lookup,k=K,ngram=N', or a dict of those; a
         dict whose draft is a model object stays a dict (a string cannot hold it)."""
         spec = parse(value, owner)
-        return canonical(spec) if isinstance(spec.draft, str) else {"draft": spec.draft, "k": spec.k}
+        return canonical(spec) if isinstance(spec.draft, str) else DraftModel(draft=spec.draft, k=spec.k)
 
     def apply(self, ctx: BuildContext, value) -> None:
         spec = value if isinstance(value, Speculation) else parse(value)
@@ -50,6 +50,15 @@ class Speculative(Toggle):
             raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
         ctx.speculative = spec  # the decode loop builds the draft model and runs the speculative loop
         ctx.notes.append(f"speculative: {describe(spec)}")
+
+
+class DraftModel(dict):
+    """{'draft': a model object, 'k': K}: a value no string can hold, shown by its class in labels."""
+
+    def __repr__(self) -> str:
+        return f"draft={type(self['draft']).__name__},k={self['k']}"
+
+    __str__ = __repr__
 
 
 def describe(spec: Speculation) -> str:
