@@ -147,6 +147,8 @@ class Tune:
     # its runs start with a one-off cost no stop flag can cut short (compilation): the search budgets it once
     # it has seen one, and says before starting that the first may run past the time budget
     uninterruptible: bool = False
+    # greedy tokens must equal the unmodified model's (speculative decoding): autotune refuses any difference
+    exact: bool = False
 
 
 def needs_a_gpu(hw, what: str) -> tuple[bool, str]:

@@ -29,8 +29,8 @@ class Speculative(Toggle):
     excludes = {"compile": "verifications of k + 1 tokens and drafts of varying length would each compile a new "
                            "graph; speculative decoding runs eagerly here"}
     # greedy speculative decoding must give the same tokens: autotune's floor for it is equality
-    tuning = (Tune("draft", rank=90, loop="generate", label="speculative (draft)"),
-              Tune("prompt_lookup", rank=95, loop="generate", label="speculative (prompt lookup)"))
+    tuning = (Tune("draft", rank=90, loop="generate", label="speculative (draft)", exact=True),
+              Tune("prompt_lookup", rank=95, loop="generate", label="speculative (prompt lookup)", exact=True))
     plan_note = "speculative applies to generation only (scalekit.generate): it never runs in a training step"
 
     def validate(self, value, owner: str = "RunConfig"):
