@@ -175,6 +175,18 @@ def test_int8_kv_keeps_perplexity_and_greedy_tokens_within_the_measured_bounds()
         assert r.kv_cache_bytes < 0.3 * 2 * 4 * 86 * 128 * 4
 
 
+def test_autotune_refuses_a_speculative_change_whose_tokens_differ_and_keeps_an_exact_one():
+    from scalekit.autotune.generation import _exact, _refusal
+    from scalekit.inference.results import GenerateResult
+
+    cfg = GenerateConfig(toggles={"kv_cache": "static", "speculative": "draft"})
+    assert _exact(cfg) and not _exact(GenerateConfig(toggles={"kv_cache": "static"}))
+    r = tokens({"kv_cache": "static", "speculative": "draft"}, "ROMEO:", n=20, quality=True, quality_windows=1)
+    assert r.same_as_plain_tokens == 20 and _refusal(r, 0.95, exact=True) is None
+    changed = GenerateResult(label="x", config={}, new_tokens=20, same_as_plain_tokens=7, agreement=1.0)
+    assert "differ from token 8 of 20" in _refusal(changed, 0.95, exact=True)
+
+
 def test_refusals_say_what_and_why_in_one_line(llama):
     target, _ = llama
     with pytest.raises(ConfigError, match=r"one prompt at a time \(batch 1\); got 2 prompts") as err:

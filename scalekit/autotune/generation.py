@@ -60,16 +60,16 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
 
 
 def _exact(cfg: GenerateConfig) -> bool:
-    """Whether a toggle of `cfg` promises the unmodified model's greedy tokens (Tune.exact): then any change refuses."""
+    """Whether a toggle of `cfg` promises the greedy tokens of plain decoding (Tune.exact): any change refuses it."""
     return cfg.temperature == 0 and any(tune.exact for name in cfg.toggles for tune in TOGGLES[name].tuning)
 
 
 def _refusal(r, min_agreement: float, exact: bool = False) -> str | None:
     """Why a generation's output is not acceptable (quality below the floor, or a token changed that must not
     change), or None."""
-    if exact and r.same_prefix_tokens is not None and min(r.same_prefix_tokens) < r.new_tokens:
-        return (f"quality: greedy tokens must equal the unmodified model's, and they differ from token "
-                f"{min(r.same_prefix_tokens) + 1} of {r.new_tokens}")
+    if exact and r.same_as_plain_tokens is not None and r.same_as_plain_tokens < r.new_tokens:
+        return (f"quality: greedy tokens must equal those of the same model decoded one token per forward, and "
+                f"they differ from token {r.same_as_plain_tokens + 1} of {r.new_tokens}")
     if r.agreement is None or r.agreement >= min_agreement:
         return None
     return (f"quality: the greedy token matches the unmodified model's at {r.agreement:.1%} of held-out positions, "

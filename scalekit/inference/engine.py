@@ -229,6 +229,9 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
     if cfg.temperature == 0 and changed:
         reference = _reference_generation(ctx, ids, pad, done.tokens.shape[1], max_len)
         result.same_prefix_tokens = same_prefix(done.tokens, reference)
+    if cfg.temperature == 0 and ctx.speculative is not None:  # the same model and cache, one token per forward
+        plain = decode(ctx, ids, pad, done.tokens.shape[1], max_len).tokens
+        result.same_as_plain_tokens = min(same_prefix(done.tokens, plain))
 
 
 def _reference_generation(ctx: BuildContext, ids, pad, new_tokens: int, max_len: int) -> torch.Tensor:

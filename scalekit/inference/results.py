@@ -73,6 +73,7 @@ class GenerateResult:
     target_forwards_per_token: float | None = None  # forwards of the model per generated token (plain: 1)
     draft_forwards: int | None = None  # forwards of the draft model (0 for prompt lookup)
     draft_ms: float | None = None  # time spent proposing with the draft model, in the measured generation
+    same_as_plain_tokens: int | None = None  # greedy: tokens equal to the plain loop's (same model), before any differs
     # -- the machine -------------------------------------------------------------------------------------
     threads: int | None = None  # torch's intra-op threads the generation computed on
     load: MachineLoad | None = None  # what else the machine ran meanwhile (the busiest round's, with repeats)
