@@ -5,7 +5,9 @@ decoding (one forward of the model per token), speculative with the shipped draf
 (k draft tokens, then one verification), and prompt lookup (k tokens copied from an earlier match of the last
 n-gram).  The greedy tokens must be the same for all three (asserted).  The figure is the time of the whole
 generation after an unmeasured warm-up; rounds alternate the order (ABBA); the speed-up is plain time ÷
-speculative time, the median of the rounds, with the acceptance (draft tokens kept ÷ proposed), the mean kept
+speculative time, the median of the rounds (and per decode token, the mean over each round's tokens, with its
+95% interval over the paired rounds and a verdict: a speculative round's time is shared by the tokens it made,
+so the mean, not the median, is the honest per-token figure), with the acceptance (draft tokens kept ÷ proposed), the mean kept
 per verification, the model's forwards per token and the draft's share of the time.  On a CPU at this size
 a forward's cost is mostly fixed overhead, so the 1-layer draft is not much cheaper than the 4-layer model:
 whether speculation pays is the ratio of the two costs against the acceptance.  Published (gpt-fast, A100):
@@ -22,6 +24,7 @@ import statistics
 import torch
 
 from scalekit.inference import GenerateConfig, generate
+from scalekit.measure.stats import speedup_interval, verdict
 
 PROMPT = "ROMEO:\nI will not stay, I will not stay, I will not stay.\n\nJULIET:\n"
 
@@ -52,17 +55,22 @@ def main(argv=None) -> None:
           f"tokens, k={args.k}, {args.rounds} rounds (ABBA)")
     runs = cases(args.k)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
+    steps: dict[str, list[list[float]]] = {name: [] for name in runs}  # each round's per-token times
     last = {}
     for i in range(args.rounds):
         for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
             last[name] = timed(runs[name], args.new_tokens, args.prompt)
             seconds[name].append(last[name].total_s)
+            steps[name].append(last[name].token_ms)
     assert last["draft"].token_ids == last["plain"].token_ids == last["prompt lookup"].token_ids, "the tokens differ"
     median = {name: statistics.median(v) for name, v in seconds.items()}
     for name in runs:
         r = last[name]
         line = f"{name:14} {median[name]:7.3f} s  {args.new_tokens / median[name]:8.1f} tok/s  " \
                f"speed-up {median['plain'] / median[name]:5.2f}×"
+        interval = speedup_interval(steps["plain"], steps[name], statistic=statistics.mean)
+        if name != "plain" and interval is not None:
+            line += f" (per token {interval.estimate:.2f}×, 95% {interval.low:.2f}–{interval.high:.2f}: {verdict(interval)})"
         if r.acceptance_rate is not None:
             line += (f"  acceptance {r.acceptance_rate:.2f}  kept/verification {r.accepted_per_verification:.2f}  "
                      f"model forwards/token {r.target_forwards_per_token:.2f}  draft {r.draft_ms / 1e3 / r.total_s:.0%} "
