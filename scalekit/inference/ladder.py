@@ -32,7 +32,7 @@ INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (
     ("+ int8 KV cache", {"kv_cache": "static-int8"}),
     # speculative decoding runs eagerly (every verification length would compile a graph): compile comes off
     ("+ speculative (draft), no compile", {"speculative": "draft", "compile": False}),
-    ("+ prompt lookup instead of the draft", {"speculative": "prompt_lookup"}),
+    ("+ prompt lookup instead of the draft", {"speculative": "prompt_lookup", "compile": False}),
 )
 
 
