@@ -206,3 +206,17 @@ def test_refusals_say_what_and_why_in_one_line(llama):
         GenerateConfig(model=target, toggles={"kv_cache": "static-int8"})
     assert GenerateConfig(toggles={"speculative": {"draft": "shakespeare-char-draft", "k": 6}}).toggles == \
         {"speculative": "draft,k=6"}
+
+
+def test_a_hugging_face_model_keeps_an_hqq_int8_cache_or_says_why_not(llama, monkeypatch):
+    target, _ = llama
+    plain = tokens({"kv_cache": "dynamic"}, "ROMEO:", n=20, model=target)
+    int8 = tokens({"kv_cache": "dynamic-int8"}, "ROMEO:", n=20, model=target)
+    assert 0 < int8.kv_cache_bytes < plain.kv_cache_bytes  # the prompt's positions held in 8 bits
+    assert int8.token_ids[0][:3] == plain.token_ids[0][:3]
+    import scalekit.hf.generation as hf_generation
+
+    real = hf_generation.importlib.util.find_spec
+    monkeypatch.setattr(hf_generation.importlib.util, "find_spec", lambda name: None if name == "hqq" else real(name))
+    ok, why = hf_generation.kv_cache_support(type(target.build()), "dynamic-int8")
+    assert not ok and "hqq is not installed" in why
