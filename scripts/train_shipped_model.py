@@ -56,7 +56,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=50, help="read and print the loss every N steps")
     p.add_argument("--out", default="scalekit/models/weights", help="directory for the .pt and .json")
     p.add_argument("--name", default="shakespeare_char", help="file stem of the .pt and .json")
+    # the shape: the defaults are the shipped model's; the draft model for speculative decoding is the same
+    # recipe at a fraction of the size (weights/README.md has its command)
+    p.add_argument("--n-layer", type=int, default=SHAPE.n_layer, help="transformer blocks")
+    p.add_argument("--n-head", type=int, default=SHAPE.n_head, help="attention heads")
+    p.add_argument("--n-embd", type=int, default=SHAPE.n_embd, help="width")
     args = p.parse_args(argv)
+    args.shape = GPTConfig(**{**config_fields(SHAPE), "n_layer": args.n_layer, "n_head": args.n_head,
+                              "n_embd": args.n_embd})
     args.phases = [dict(zip(("seq_len", "batch_size", "steps"), map(int, s.split(":")), strict=True))
                    for s in args.phases]
     return args
@@ -87,7 +94,7 @@ class RandomWindows:
 def train(args, windows: RandomWindows, stack: contextlib.ExitStack):
     """Build the run with scalekit's engine and step it through the phases; returns (ctx, log)."""
     first = args.phases[0]
-    cfg = RunConfig(model=lambda: GPT(SHAPE), batch_fn=lambda b, device: windows(b, first["seq_len"]),
+    cfg = RunConfig(model=lambda: GPT(args.shape), batch_fn=lambda b, device: windows(b, first["seq_len"]),
                     loss_fn=gpt_loss, tokens_per_sample=first["seq_len"], batch_size=first["batch_size"],
                     lr=args.lr, seed=args.seed, device="cpu", toggles=["fused_adamw"], label="shipped model")
     hw = detect("cpu")
@@ -149,15 +156,15 @@ def provenance(args, ctx, log, tokens_seen: int, wall_s: float, val, train_token
     model = ctx.base_model
     text = corpus_text()
     tok = CharTokenizer(text)
-    T = SHAPE.block_size
+    T = args.shape.block_size
     full = dict(split="val", seq_len=T, n_windows=(len(val) - 1) // T, batch_size=8)
     quick = dict(split="val", **QUICK_CHECK)
     train_same = dict(split="train", seq_len=T, n_windows=full["n_windows"])
     greedy, seeded = greedy_and_seeded(model, tok)
     return {
-        "name": "shakespeare-char",
-        "config": config_fields(GPTConfig(**{**config_fields(SHAPE), "attention": "manual"})),
-        "trained_with_attention": SHAPE.attention,
+        "name": args.name.replace("_", "-"),
+        "config": config_fields(GPTConfig(**{**config_fields(args.shape), "attention": "manual"})),
+        "trained_with_attention": args.shape.attention,
         "parameters": sum(p.numel() for p in model.parameters()),
         "tokenizer": {"kind": "CharTokenizer", "chars": tok.chars},
         "corpus": {"file": "scalekit/data/tinyshakespeare.txt", "sha256": hashlib.sha256(text.encode()).hexdigest(),

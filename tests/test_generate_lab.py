@@ -118,3 +118,16 @@ def test_a_bad_prompt_is_refused_and_nothing_runs(cpu):
     assert lab.start() is False
     assert "Cannot run this" in lab.message.value and "ï" in lab.message.value
     assert lab.runs == [] and not lab.running and not lab.run_button.disabled
+
+
+def test_speculative_runs_show_the_draft_tokens_kept_per_verification_live(cpu):
+    lab = Lab(task="generate", max_new_tokens=30, device="cpu", hw=cpu, **QUICK)
+    lab.set(kv_cache="static", speculative="draft")
+    lab.start()
+    result = lab.wait(120)
+    assert result.status == "ok", result.error
+    lab.plots.flush()
+    assert lab.plots.trace_names("accepted") == ["#1 kv_cache=static + speculative=draft"]
+    kept = list(lab.plots.accepted.data[0].y)
+    assert len(kept) == 29 and set(kept) <= {0, 1, 2, 3, 4} and sum(result.accepted_counts) > 0
+    assert lab.results["acceptance"].tolist() == [result.acceptance_rate]

@@ -55,3 +55,10 @@ def test_the_recorded_cpu_measurement_says_how_it_was_made():
     assert doc["script"] == "benchmarks/kv_cache_speedup.py" and "--new-tokens 1000" in doc["command"]
     assert doc["same_tokens"] and doc["torch"] and doc["date"] and doc["device"]
     assert doc["speedup"]["kv_cache=static"] == pytest.approx(doc["seconds"]["no cache"] / doc["seconds"]["kv_cache=static"])
+
+
+def test_the_speculative_benchmark_asserts_the_same_tokens_and_prints_acceptance():
+    out = run_benchmark("benchmarks/speculative.py", "--new-tokens", "24", "--rounds", "2", "--k", "3")
+    lines = out.strip().splitlines()
+    assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1])
+    assert "same tokens: yes" in out and sum("acceptance" in line for line in lines) == 2

@@ -55,7 +55,9 @@ def test_bad_input_exits_2_with_a_message_not_a_traceback(argv, words, capsys):
 def test_the_inference_ladder_is_registered():
     assert LADDERS["inference"] is inference_ladder
     assert [label for label, _ in INFERENCE_LADDER] == ["+ inference_mode", "+ kv_cache", "+ static cache + compile",
-                                                        "+ bf16", "+ int8", "+ 4-bit"]
+                                                        "+ bf16", "+ int8", "+ 4-bit", "+ int8 KV cache",
+                                                        "+ speculative (draft), no compile",
+                                                        "+ prompt lookup instead of the draft"]
 
 
 def test_a_rung_this_machine_cannot_run_is_skipped_with_the_reason_and_the_climb_goes_on():
@@ -78,7 +80,8 @@ def test_ladder_inference_end_to_end_in_a_fresh_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["label"] for r in rows] == ["baseline", "+ inference_mode", "+ kv_cache", "+ static cache + compile",
-                                          "+ bf16", "+ int8", "+ 4-bit"]
+                                          "+ bf16", "+ int8", "+ 4-bit", "+ int8 KV cache",
+                                          "+ speculative (draft), no compile", "+ prompt lookup instead of the draft"]
     assert all(r["status"] == "ok" for r in rows), [(r["label"], r["error"]) for r in rows]
     # cumulative, one quantization at a time
     assert rows[5]["config"]["toggles"] == {"bf16": True, "kv_cache": "static", "quantize": "torchao-int8",
@@ -86,5 +89,8 @@ def test_ladder_inference_end_to_end_in_a_fresh_process(tmp_path):
     assert rows[6]["config"]["toggles"]["quantize"] == "hqq-4bit"
     assert rows[6]["weight_bytes"] < rows[5]["weight_bytes"] < rows[0]["weight_bytes"]
     assert rows[3]["graphs_compiled"] == 1 and rows[3]["recompiles_measured"] == 0
+    assert rows[7]["config"]["toggles"]["kv_cache"] == "static-int8" and rows[7]["kv_cache_bytes"] < rows[6]["kv_cache_bytes"]
+    assert "compile" not in rows[8]["config"]["toggles"] and rows[8]["config"]["toggles"]["speculative"] == "draft"
+    assert rows[9]["config"]["toggles"]["speculative"] == "prompt_lookup" and rows[9]["acceptance_rate"] is not None
     for word in ("decode tok/s", "speed-up", "weights MB", "KV MB", "perplexity"):
         assert word in proc.stdout

@@ -2,7 +2,8 @@
 
 The same greedy, paired search as training (`autotune.search`), over the inference toggles: inference_mode,
 the KV cache (dynamic, then static), SDPA, bf16, compile, then weight quantization (the first int8 and the
-first 4-bit method that run here, as the inference ladder picks them).  Speed is decode tokens/s; one-off
+first 4-bit method that run here, as the inference ladder picks them), the int8 KV cache, and speculative
+decoding (draft model, prompt lookup), whose floor is equality: any greedy token that differs refuses it.  Speed is decode tokens/s; one-off
 costs (compiling the decode step) are weighed against `run_tokens`, the tokens the real workload generates.
 A change that makes the output worse than `min_agreement` (the share of held-out positions whose greedy
 token equals the unmodified model's) is refused, however fast: quantization and bf16 are judged on quality
@@ -43,7 +44,7 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
         r = generate(timing_only(cfg) if again else cfg, stop=stop, hw=hw, catch_errors=True)
         if r.status not in ("ok", "stopped") or not r.decode_tokens_per_s:
             return Measurement(0.0, None, failed=r.error or r.status)
-        refused, peak = again or (_refusal(r, min_agreement), r.peak_mem_bytes)
+        refused, peak = again or (_refusal(r, min_agreement, _exact(cfg)), r.peak_mem_bytes)
         if r.status == "ok":
             judged[config_key(cfg)] = (refused, peak)
         step_ms = r.decode_ms.median if r.decode_ms else None
@@ -58,8 +59,17 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
                        uninterruptible=frozenset(label for label, _, tune in declared if tune.uninterruptible))
 
 
-def _refusal(r, min_agreement: float) -> str | None:
-    """Why a generation's output is not acceptable (quality below the floor), or None."""
+def _exact(cfg: GenerateConfig) -> bool:
+    """Whether a toggle of `cfg` promises the greedy tokens of plain decoding (Tune.exact): any change refuses it."""
+    return cfg.temperature == 0 and any(tune.exact for name in cfg.toggles for tune in TOGGLES[name].tuning)
+
+
+def _refusal(r, min_agreement: float, exact: bool = False) -> str | None:
+    """Why a generation's output is not acceptable (quality below the floor, or a token changed that must not
+    change), or None."""
+    if exact and r.same_as_plain_tokens is not None and r.same_as_plain_tokens < r.new_tokens:
+        return (f"quality: greedy tokens must equal those of the same model decoded one token per forward, and "
+                f"they differ from token {r.same_as_plain_tokens + 1} of {r.new_tokens}")
     if r.agreement is None or r.agreement >= min_agreement:
         return None
     return (f"quality: the greedy token matches the unmodified model's at {r.agreement:.1%} of held-out positions, "

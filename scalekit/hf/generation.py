@@ -11,6 +11,7 @@ of different lengths, a 2-D `attention_mask` that is 0 on each row's left paddin
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 from typing import Any
 
@@ -28,6 +29,12 @@ def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
         return False, f"needs a KV cache, and {cls.__name__} keeps a recurrent state instead"
     if kind == "static" and not getattr(cls, "_can_compile_fullgraph", False):
         return False, f"='static' needs transformers' StaticCache, which {cls.__name__} does not support"
+    if kind == "static-int8":
+        return False, ("='static-int8': transformers' quantized cache (QuantizedCache) grows with the sequence; "
+                       "use kv_cache='dynamic-int8' on a Hugging Face model")
+    if kind == "dynamic-int8" and importlib.util.find_spec("hqq") is None:
+        return False, ("='dynamic-int8' needs transformers' QuantizedCache with its hqq backend, and hqq is not "
+                       "installed (pip install 'scalekit[quant]')")
     return True, ""
 
 
@@ -37,13 +44,44 @@ def new_cache(model, kind: str, max_len: int):
 
     if kind == "static":
         return transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    if kind == "dynamic-int8":
+        # HQQ's 8-bit groups along the channels; transformers keeps its default window of recent positions
+        # (residual_length) in full precision and quantizes them all together when it fills
+        return transformers.QuantizedCache(backend="hqq", config=model.config, nbits=8)
     return transformers.DynamicCache(config=model.config)
 
 
 def cache_bytes(cache: Any) -> int:
-    tensors = [t for layer in getattr(cache, "layers", ()) for t in (getattr(layer, "keys", None),
-                                                                       getattr(layer, "values", None))]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    """Bytes of every tensor the cache's layers hold: keys, values, and a quantized cache's codes and scales."""
+    tensors = []
+    for layer in getattr(cache, "layers", ()):
+        for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
+            tensors.extend(_tensors_in(getattr(layer, name, None)))
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _tensors_in(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    return []
+
+
+def rollback(cache, length: int) -> None:
+    """Keep the first `length` positions of a transformers cache (speculative decoding's rejected drafts)."""
+    import transformers
+
+    if isinstance(cache, transformers.StaticCache):
+        raise NotImplementedError("transformers' StaticCache counts the positions written itself and cannot be cut "
+                                  "back; use kv_cache='dynamic'")
+    if isinstance(cache, transformers.QuantizedCache):
+        raise NotImplementedError("transformers' QuantizedCache cannot be cut back to a shorter length")
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)  # a negative count removes that many positions, in transformers 4 and 5 alike
 
 
 def logits(model, ids: torch.Tensor, cache=None, input_pos=None, pad=None, last_only: bool = False):

@@ -303,6 +303,9 @@ class HFCausalLM(ModelAdapter):
     def cache_bytes(self, cache) -> int:
         return generation.cache_bytes(cache)
 
+    def rollback(self, cache, length: int) -> None:
+        generation.rollback(cache, length)
+
     def pads_prompts(self) -> bool:
         return True
 

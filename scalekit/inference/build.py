@@ -16,6 +16,7 @@ import copy
 
 import torch
 
+from ..errors import ConfigError
 from ..families import generation_family
 from ..models import GPT, PRESETS, GPTConfig
 from ..models.blocks import find_blocks
@@ -70,5 +71,27 @@ def build_generation_model(ctx: BuildContext) -> None:
     ctx.reference_model = copy.deepcopy(model) if cfg.quality and changes else model
 
 
+def build_draft(ctx: BuildContext) -> None:
+    """The draft model speculative decoding proposes with (ctx.draft), when a toggle asked for one: a shipped
+    model or a preset by name, or any model generation takes, built by its family; it must read the same
+    token ids as the model."""
+    spec = ctx.speculative
+    if spec is None or spec.mode != "draft":
+        return
+    cfg: GenerateConfig = ctx.config
+    if isinstance(spec.draft, str):
+        model = load_pretrained(spec.draft) if spec.draft in PRETRAINED_NAMES else GPT(PRESETS[spec.draft].gpt_config())
+        family = generation_family(model)
+    else:
+        family = generation_family(spec.draft).copy()
+        model = family.build()
+    ours, theirs = cfg.vocab_size(), family.vocab_size
+    if ours is not None and theirs is not None and ours != theirs:
+        name = spec.draft if isinstance(spec.draft, str) else family.family
+        raise ConfigError(f"GenerateConfig.toggles['speculative']: the draft {name} reads {theirs} token ids and "
+                          f"the model {ours}; a draft must share the model's tokenizer")
+    ctx.draft = (family, model.to(ctx.device).eval())
+
+
 # What the generation build makes after the toggles of a phase.
-BUILDERS = {"model_config": build_generation_model}
+BUILDERS = {"model_config": build_generation_model, "wrap": build_draft}

@@ -23,8 +23,9 @@ from ..toggles import BuildContext
 from .build import build_generation
 from .config import GenerateConfig
 from .loop import GREEDY, Decoded, Sampling, decode, pad_prompts
-from .quality import measure_quality, same_prefix, unmeasurable
+from .quality import lossy_cache, measure_quality, same_prefix, unmeasurable
 from .results import GenerateResult, TokenRecord, p90
+from .speculative import speculative_decode
 from .weights import _module_tensors, weight_bytes
 
 
@@ -77,8 +78,8 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
     memory.cuda_memory_reset(ctx.device)
     text_prompts = any(isinstance(p, str) for p in cfg.prompts)
     tokenizer = cfg.get_tokenizer() if cfg.tokenizer is not None or text_prompts else None
-    done = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), _streamer(on_token, tokenizer),
-                  stop)
+    done = _decoder(ctx)(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx),
+                         _streamer(on_token, tokenizer), stop)
     _record(ctx, result, done, prompts, tokenizer)
     if ctx.compiled:
         result.graphs_compiled = _graphs_compiled() - graphs0
@@ -101,12 +102,18 @@ def _warm_up(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
         return None
     status(f"warm-up: {min(cfg.warmup_tokens, cfg.max_new_tokens)} tokens"
            + (" (compiling: this can take a while)" if ctx.compiled else ""))
-    warm = decode(ctx, ids, pad, min(cfg.warmup_tokens, cfg.max_new_tokens), max_len, _sampling(cfg, ctx), stop=stop)
+    warm = _decoder(ctx)(ctx, ids, pad, min(cfg.warmup_tokens, cfg.max_new_tokens), max_len, _sampling(cfg, ctx),
+                         stop=stop)
     result.warmup_s = warm.total_s
     if warm.stopped:
         result.status = "stopped"
         result.notes.append("stopped during the warm-up: nothing was measured")
     return warm
+
+
+def _decoder(ctx: BuildContext):
+    """The decode loop this build runs: the speculative one when a toggle asked for it, else the plain one."""
+    return speculative_decode if ctx.speculative is not None else decode
 
 
 def _sampling(cfg: GenerateConfig, ctx: BuildContext) -> Sampling:
@@ -132,9 +139,9 @@ def _streamer(on_token, tokenizer):
     if on_token is None:
         return None
 
-    def emit(index: int, position: int, ms: float, ids: list[int]) -> None:
+    def emit(index: int, position: int, ms: float, ids: list[int], accepted: int | None = None) -> None:
         texts = [_decoded(tokenizer, [i]) or f"<{i}>" for i in ids]
-        on_token(TokenRecord(index=index, position=position, ms=ms, token_ids=ids, texts=texts))
+        on_token(TokenRecord(index=index, position=position, ms=ms, token_ids=ids, texts=texts, accepted=accepted))
 
     return emit
 
@@ -167,6 +174,9 @@ def _record(ctx: BuildContext, result: GenerateResult, done: Decoded, prompts, t
         result.notes.append("the text is not decoded: the model made token ids the tokenizer does not have "
                             "(token_ids holds them)")
     result.kv_cache_bytes = done.cache_bytes
+    if ctx.speculative is not None:
+        result.record_speculation(done.accepted, done.drafted, done.target_forwards, done.draft_forwards,
+                                  done.draft_ms, ctx.speculative.k)
 
 
 def _decoded(tokenizer, ids: list[int]) -> str | None:
@@ -194,8 +204,8 @@ def _memory(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids,
     tracker = memory.LiveTensorBytes([*weights, *ctx.base_model.buffers()])
     # a dispatch mode cannot see inside compiled kernels: the eager model runs here (blocks compiled in place too)
     with tracker, torch.compiler.set_stance("force_eager") if ctx.compiled else contextlib.nullcontext():
-        probe = decode(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
-                       model=ctx.base_model)
+        probe = _decoder(ctx)(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx), stop=stop,
+                              model=ctx.base_model)
     if probe.stopped:
         raise KeyboardInterrupt  # the probe did not see the whole generation: its peak would be too low
     result.peak_mem_bytes = tracker.peak_bytes
@@ -216,9 +226,14 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
     q = measure_quality(ctx, cfg.quality_window(), cfg.quality_windows, cfg.quality_tokens)
     result.heldout_loss, result.perplexity = q["heldout_loss"], q["perplexity"]
     result.reference_perplexity, result.agreement = q["reference_perplexity"], q["agreement"]
-    if cfg.temperature == 0 and (ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None):
+    changed = ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None or lossy_cache(ctx) \
+        or ctx.speculative is not None
+    if cfg.temperature == 0 and changed:
         reference = _reference_generation(ctx, ids, pad, done.tokens.shape[1], max_len)
         result.same_prefix_tokens = same_prefix(done.tokens, reference)
+    if cfg.temperature == 0 and ctx.speculative is not None:  # the same model and cache, one token per forward
+        plain = decode(ctx, ids, pad, done.tokens.shape[1], max_len).tokens
+        result.same_as_plain_tokens = min(same_prefix(done.tokens, plain))
 
 
 def _reference_generation(ctx: BuildContext, ids, pad, new_tokens: int, max_len: int) -> torch.Tensor:

@@ -29,6 +29,10 @@ INFERENCE_LADDER: tuple[tuple[str, dict], ...] = (
     ("+ bf16", {"bf16": True}),
     ("+ int8", {"quantize": INT8_METHODS}),
     ("+ 4-bit", {"quantize": INT4_METHODS}),
+    ("+ int8 KV cache", {"kv_cache": "static-int8"}),
+    # speculative decoding runs eagerly (every verification length would compile a graph): compile comes off
+    ("+ speculative (draft), no compile", {"speculative": "draft", "compile": False}),
+    ("+ prompt lookup instead of the draft", {"speculative": "prompt_lookup", "compile": False}),
 )
 
 
@@ -95,6 +99,9 @@ def _rung_toggles(change: dict, hw, family=None) -> tuple[dict, str]:
     """The concrete toggles of a rung, or ({}, why this machine, or the model's family, cannot run it)."""
     toggles = {}
     for name, value in change.items():
+        if value is False:  # switched off from this rung on
+            toggles[name] = False
+            continue
         if isinstance(value, tuple):
             value, why = first_available(value, hw)
             if value is None:

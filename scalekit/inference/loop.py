@@ -38,6 +38,12 @@ class Decoded:
     total_s: float = 0.0
     cache_bytes: int = 0
     stopped: bool = False
+    # speculative decoding (scalekit.inference.speculative): per verification, draft tokens kept and proposed
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    target_forwards: int = 0  # forwards of the model itself, the prefill included
+    draft_forwards: int = 0  # forwards of the draft model
+    draft_ms: float = 0.0  # time spent proposing with the draft model
 
 
 def pad_prompts(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -56,12 +62,17 @@ def sample(logits: torch.Tensor, sampling) -> torch.Tensor:
     """The next token of each row: the argmax (temperature 0), or a draw from softmax(logits / temperature)."""
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
+    probs = probabilities(logits, sampling)
+    return torch.multinomial(probs, num_samples=1, generator=sampling.generator).squeeze(-1)
+
+
+def probabilities(logits: torch.Tensor, sampling) -> torch.Tensor:
+    """What sampling draws from: softmax(logits / temperature), over the top_k most likely tokens if set."""
     logits = logits.float() / sampling.temperature
     if sampling.top_k is not None:
         kth = torch.topk(logits, min(sampling.top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=sampling.generator).squeeze(-1)
+    return F.softmax(logits, dim=-1)
 
 
 def step_contexts(ctx: BuildContext):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..data import load_tokens
 from ..errors import ConfigError
+from ..models.kv_cache import INT8_KINDS
 from ..toggles import BuildContext
 from .loop import family_of, step_contexts
 
@@ -58,8 +59,8 @@ def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, tokens=None
         batch = windows[first: first + batch_size].to(ctx.device)
         x, y = batch[:, :-1], batch[:, 1:]
         family.prepare(model, x.shape[0], x.shape[1])  # (a model that keeps its own cache allocates it)
-        with step_contexts(ctx):  # this configuration: its grad mode and autocast
-            logits = family.logits(model, x).float()
+        with step_contexts(ctx):  # this configuration: its grad mode, autocast and a lossy cache's rounding
+            logits = _config_logits(ctx, family, model, x).float()
         family.prepare(reference, x.shape[0], x.shape[1])
         ref_logits = family.logits(reference, x).float()  # the reference: fp32, no autocast
         if logits.size(-1) <= int(y.max()):
@@ -72,6 +73,20 @@ def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, tokens=None
     loss, ref_loss = loss_sum / count, ref_sum / count
     return {"heldout_loss": loss, "perplexity": math.exp(loss), "reference_loss": ref_loss,
             "reference_perplexity": math.exp(ref_loss), "agreement": agree / count}
+
+
+def lossy_cache(ctx: BuildContext) -> bool:
+    """Whether the KV cache rounds what it keeps (int8): then quality reads the windows through it."""
+    return ctx.kv_cache in INT8_KINDS
+
+
+def _config_logits(ctx: BuildContext, family, model, x: torch.Tensor) -> torch.Tensor:
+    """This configuration's logits of the windows x: through a fresh cache of its kind when that cache rounds
+    keys and values (every position then attends to the rounded ones, as in decoding), else one plain forward."""
+    if not lossy_cache(ctx):
+        return family.logits(model, x)
+    cache = family.new_cache(model, ctx.kv_cache, x.shape[0], x.shape[1], x.device)
+    return family.logits(model, x, cache, torch.arange(x.shape[1], device=x.device))
 
 
 def same_prefix(tokens: torch.Tensor, reference: torch.Tensor) -> list[int]:

@@ -51,6 +51,10 @@ def _row(r: GenerateResult, base: GenerateResult | None) -> list[str]:
         notes.insert(1, "stopped")
     if r.weight_bytes_before and r.weight_bytes != r.weight_bytes_before:
         notes.append(f"weights {_mb(r.weight_bytes_before)} → {_mb(r.weight_bytes)} MB")
+    if r.accepted_counts:  # speculative decoding: how often the draft was right
+        kept = "—" if r.acceptance_rate is None else f"{r.acceptance_rate:.0%}"
+        notes.append(f"draft tokens kept {kept} (verifications keeping 0..k: {r.accepted_counts}), "
+                     f"{r.target_forwards_per_token:.2f} forwards of the model per token")
     notes += ["machine busy"] if r.busy_note else []
     d = r.all_decode_ms
     spread = f"{d.p25:.2f}–{d.p75:.2f}" if d and d.n else "—"

@@ -23,6 +23,7 @@ class TokenRecord:
     ms: float  # the time this token took: prefill + first sampling for index 0, one decode step after
     token_ids: list[int]  # the new token of each prompt
     texts: list[str]  # those tokens decoded
+    accepted: int | None = None  # speculative decoding: draft tokens kept by the verification that made it
 
 
 @dataclass
@@ -64,11 +65,31 @@ class GenerateResult:
     reference_perplexity: float | None = None  # the model as built (fp32, unquantized) on the same windows
     agreement: float | None = None  # share of held-out positions where the greedy token equals the reference's
     same_prefix_tokens: list[int] | None = None  # greedy: tokens equal to the reference's greedy output, per prompt
+    # -- speculative decoding (the speculative toggle) ----------------------------------------------------
+    acceptance_rate: float | None = None  # draft tokens kept ÷ draft tokens proposed
+    accepted_per_verification: float | None = None  # mean draft tokens kept per target forward that verified
+    accepted_counts: list[int] = field(default_factory=list)  # verifications that kept 0, 1, ..., k draft tokens
+    accepted_steps: list[int] = field(default_factory=list)  # draft tokens kept, verification by verification
+    target_forwards_per_token: float | None = None  # forwards of the model per generated token (plain: 1)
+    draft_forwards: int | None = None  # forwards of the draft model (0 for prompt lookup)
+    draft_ms: float | None = None  # time spent proposing with the draft model, in the measured generation
+    same_as_plain_tokens: int | None = None  # greedy: tokens equal to the plain loop's (same model), before any differs
     # -- the machine -------------------------------------------------------------------------------------
     threads: int | None = None  # torch's intra-op threads the generation computed on
     load: MachineLoad | None = None  # what else the machine ran meanwhile (the busiest round's, with repeats)
     rounds: list[Round] = field(default_factory=list)  # repeats: the later rounds' decode steps (token_ms is the first)
     notes: list[str] = field(default_factory=list)
+
+    def record_speculation(self, accepted: list[int], drafted: list[int], target_forwards: int, draft_forwards: int,
+                           draft_ms: float, k: int) -> None:
+        """A speculative generation's figures: how often the draft was right, and what it cost."""
+        self.accepted_steps = list(accepted)
+        self.accepted_counts = [accepted.count(i) for i in range(k + 1)]
+        self.acceptance_rate = sum(accepted) / sum(drafted) if sum(drafted) else None
+        self.accepted_per_verification = sum(accepted) / len(accepted) if accepted else None
+        made = len(accepted) + sum(accepted) + 1  # each verification's kept drafts and its own token, the first
+        self.target_forwards_per_token = target_forwards / made
+        self.draft_forwards, self.draft_ms = draft_forwards, draft_ms
 
     def timing_rounds(self) -> list[list[float]]:
         """Each round's decode-step times: this generation's own, then its repeats'."""
@@ -127,6 +148,7 @@ class GenerateResult:
             "prefill_ms": self.prefill_ms, "ttft_ms": self.ttft_ms,
             "weight_mb": _mb(self.weight_bytes), "kv_cache_mb": _mb(self.kv_cache_bytes),
             "peak_mem_mb": _mb(self.peak_mem_bytes), "perplexity": self.perplexity, "agreement": self.agreement,
+            "acceptance": self.acceptance_rate, "target_forwards_per_token": self.target_forwards_per_token,
             "compile_s": self.compile_s, "threads": self.threads,
             "note": self.error or "; ".join([*self.notes, *([self.busy_note] if self.busy_note else [])]),
         }
@@ -186,7 +208,8 @@ def compare_generations(results: list[GenerateResult]):
         df["weight_ratio"] = [_ratio(r["weight_mb"], base_row.get("weight_mb")) for r in rows]
     cols = ["run", "status", "batch", "decode_tokens_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
             "decode_ms", "decode_ms_p25", "decode_ms_p75", "decode_ms_p90", "prefill_ms", "ttft_ms", "weight_mb",
-            "weight_ratio", "kv_cache_mb", "peak_mem_mb", "perplexity", "agreement", "compile_s", "threads", "note"]
+            "weight_ratio", "kv_cache_mb", "peak_mem_mb", "perplexity", "agreement", "acceptance",
+            "target_forwards_per_token", "compile_s", "threads", "note"]
     return df.reindex(columns=cols)
 
 

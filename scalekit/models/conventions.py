@@ -116,6 +116,9 @@ class ModelCache:
         return sum(b.numel() * b.element_size() for name, b in self.model.named_buffers()
                    if "cache" in name.rsplit(".", 1)[-1])
 
+    def crop(self, length: int) -> None:
+        """Nothing to drop: the model masks keys after each query's position and overwrites them next."""
+
 
 class SetupCachesLM(OwnModel):
     """gpt-fast's / Llama 3 reference code's convention: setup_caches(max_batch_size, max_seq_length), then

@@ -131,7 +131,7 @@ class ModelAdapter:
         return None
 
     def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
-        """Whether generation can keep a KV cache of `kind` ('dynamic', 'static'; None: either) for this family,
+        """Whether generation can keep a KV cache of `kind` (models.kv_cache.CACHE_KINDS; None: any) for this family,
         and why not (said of the toggle)."""
         return False, f"needs a KV cache convention, and {self.family} follows neither of the two: {CACHE_CONVENTIONS}"
 
@@ -146,6 +146,11 @@ class ModelAdapter:
     def cache_bytes(self, cache: Any) -> int:
         """Bytes the cache holds now."""
         return cache.nbytes()
+
+    def rollback(self, cache: Any, length: int) -> None:
+        """Cut the cache back to its first `length` positions (speculative decoding's rejected draft tokens);
+        NotImplementedError where the family's cache cannot be cut back."""
+        cache.crop(length)
 
     def pads_prompts(self) -> bool:
         """Whether prompts of different lengths can be left-padded (the model is told where each row starts)."""

@@ -22,7 +22,9 @@ from ..errors import ConfigError
 from .gpt import GPT, GPTConfig
 
 WEIGHTS_DIR = resources.files("scalekit.models").joinpath("weights")
-PRETRAINED = {"shakespeare-char": "shakespeare_char"}  # public name -> file stem in WEIGHTS_DIR
+# public name -> file stem in WEIGHTS_DIR; the draft is the same recipe at a fraction of the size, for
+# speculative decoding beside the shipped model (same tokenizer)
+PRETRAINED = {"shakespeare-char": "shakespeare_char", "shakespeare-char-draft": "shakespeare_char_draft"}
 PRETRAINED_NAMES = tuple(PRETRAINED)
 
 

@@ -103,9 +103,11 @@ class BuildContext:
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
     # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
     inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under
-    kv_cache: str | None = None  # the KV cache decode keeps ("dynamic", "static"); None: re-read the sequence
+    kv_cache: str | None = None  # the KV cache decode keeps (models.kv_cache.CACHE_KINDS); None: re-read the sequence
     reference_model: torch.nn.Module | None = None  # the model as built, before wrap-phase toggles changed it
     built_weight_bytes: int | None = None  # bytes of the weights as built, before quantization changed them
+    speculative: Any = None  # models.speculative.Speculation: how decoding speculates (None: one token per forward)
+    draft: Any = None  # (family, model) of the draft model the speculative loop proposes with, built beside the model
     evaluator: Any = None  # evaluation run between training steps, untimed (RunConfig.eval_every), or None
     notes: list[str] = field(default_factory=list)  # said beside the run's results
 
@@ -145,6 +147,8 @@ class Tune:
     # its runs start with a one-off cost no stop flag can cut short (compilation): the search budgets it once
     # it has seen one, and says before starting that the first may run past the time budget
     uninterruptible: bool = False
+    # greedy tokens must equal the unmodified model's (speculative decoding): autotune refuses any difference
+    exact: bool = False
 
 
 def needs_a_gpu(hw, what: str) -> tuple[bool, str]:

@@ -10,7 +10,8 @@ from .base import BuildContext, Toggle, Tune
 class KVCache(Toggle):
     name = "kv_cache"
     summary = "keep keys and values across decode steps: each new token is one token of work, not the whole prefix"
-    cost = "memory for 2 × layers × batch × length × width values; 'static' preallocates the longest length"
+    cost = ("memory for 2 × layers × batch × length × width values; 'static' preallocates the longest length; "
+            "the int8 kinds round keys and values (a quarter of fp32's bytes, plus scales)")
     helps_when = "generating more than a few tokens: without it step t re-reads all t tokens (quadratic in total)"
     group = "inference"
     kind = "both"
@@ -19,8 +20,11 @@ class KVCache(Toggle):
     # forward that is
     phase = "model_config"
     loops = ("generate",)
-    choices = CACHE_KINDS  # "dynamic" (appended with torch.cat) or "static" (preallocated, written in place)
-    tuning = (Tune("dynamic", rank=20, loop="generate"), Tune("static", rank=30, loop="generate"))
+    # "dynamic" (appended with torch.cat), "static" (preallocated, written in place), and both with int8 keys and
+    # values ("static-int8", "dynamic-int8": a scale per row, head and position)
+    choices = CACHE_KINDS
+    tuning = (Tune("dynamic", rank=20, loop="generate"), Tune("static", rank=30, loop="generate"),
+              Tune("static-int8", rank=85, loop="generate", label="int8 KV cache"))
     plan_note = "kv_cache applies to the evaluation's sample (eval_every), not to a training step"
 
     def applies_to(self, adapter) -> tuple[bool, str]:
