@@ -236,6 +236,10 @@ class HFCausalLM(ModelAdapter):
     def vocab_padding_support(self) -> tuple[bool, str]:
         return True, ""
 
+    @property
+    def architecture(self) -> str | None:
+        return getattr(self.hf_config, "model_type", None)
+
     def packed_sequences_support(self) -> tuple[bool, str]:
         takes = inspect.signature(self.model_class.forward).parameters
         if "position_ids" in takes and "attention_mask" in takes:
