@@ -157,7 +157,7 @@ def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
 
 class Optim(Toggle):
     name = "optim"
-    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, or AdamW foreach/fused"
+    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, AdamW foreach/fused, or Muon with AdamW"
     cost = "8-bit and factored states approximate the fp32 moments; losses differ a little from AdamW"
     helps_when = "optimizer state is a large part of memory (AdamW keeps 8 bytes per parameter)"
     group = "optimizer"
