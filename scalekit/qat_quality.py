@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from . import hardware
+from . import distributed, hardware
 from .config import RunConfig
 from .data.shakespeare import load_tokens
 from .models import qat as qat_mod
@@ -24,9 +24,9 @@ from .training import build, train_step
 
 
 def trained(cfg: RunConfig, steps: int) -> torch.nn.Module:
-    """The model of `cfg` after `steps` optimizer steps (unmeasured), on the CPU."""
-    hw = hardware.detect("cpu")
-    cfg = dataclasses.replace(cfg, device="cpu").resolve(hw)
+    """The model of `cfg` after `steps` optimizer steps (unmeasured), on the device `cfg` chooses."""
+    hw = hardware.detect(distributed.rank_device(cfg.device))
+    cfg = cfg.resolve(hw)
     with contextlib.ExitStack() as stack:
         ctx = build(cfg, hw, stack)
         for _ in range(steps):
@@ -37,7 +37,8 @@ def trained(cfg: RunConfig, steps: int) -> torch.nn.Module:
 @torch.no_grad()
 def top1_agreement(model: torch.nn.Module, reference: torch.nn.Module, tokens, seq_len: int, windows: int) -> float:
     """Share of the held-out positions where `model`'s greedy next token is `reference`'s."""
-    data = torch.as_tensor(tokens[: windows * seq_len].astype("int64")).view(windows, seq_len)
+    device = next(reference.parameters()).device
+    data = torch.as_tensor(tokens[: windows * seq_len].astype("int64")).view(windows, seq_len).to(device)
     return (model(data)[0].argmax(-1) == reference(data)[0].argmax(-1)).float().mean().item()
 
 
@@ -46,10 +47,11 @@ def qat_vs_ptq(base: RunConfig, mode: str = "int4-weight", steps: int = 20, held
     """{'fp32' | 'ptq' | 'qat': {'loss', 'perplexity', 'agreement'}} on `windows` held-out windows of `heldout`."""
     fp32 = trained(base, steps)
     ptq = copy.deepcopy(fp32)
-    qat_mod.quantize(ptq, mode)
+    device_type = next(fp32.parameters()).device.type
+    qat_mod.quantize(ptq, mode, device_type)
     toggles = {**base.toggles, "qat": mode} if isinstance(base.toggles, dict) else {**dict.fromkeys(base.toggles, True), "qat": mode}
     qat = trained(dataclasses.replace(base, toggles=toggles), steps)
-    qat_mod.convert(qat, mode)
+    qat_mod.convert(qat, mode, device_type)
     tokens, seq_len = load_tokens(heldout), fp32.config.block_size if base.seq_len is None else base.seq_len
     out = {}
     for name, model in (("fp32", fp32), ("ptq", ptq), ("qat", qat)):

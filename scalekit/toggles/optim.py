@@ -47,7 +47,13 @@ def choice_available(value: str) -> tuple[bool, str]:
     return True, ""
 
 
-def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(value: str, params, lr: float, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """Optimizer `value` over `params`; Muon also needs the `model` (which of its 2-D weights are in its blocks)."""
+    if value == "muon":
+        if model is None:
+            raise ConfigError("optim='muon' needs the model: which 2-D weights are in its repeated blocks decides what "
+                              "Muon updates (make_optimizer(..., model=...))")
+        return muon_with_adamw(model, list(params), lr=lr)
     if value == "adamw_torch":
         return torch.optim.AdamW(params, lr=lr)
     if value == "adamw_torch_foreach":
@@ -184,7 +190,7 @@ class Optim(Toggle):
                                         f"{type(ctx.base_model).__name__} (Muon is for hidden matrices; "
                                         f"models.blocks says which modules are the blocks)")
             # the split is made over the final parameters (after wrappers), looked up through the wrappers
-            ctx.optimizer_factory = lambda params: muon_with_adamw(ctx.model, params, lr=ctx.config.lr)
+            ctx.optimizer_factory = lambda params: make_optimizer(value, params, lr=ctx.config.lr, model=ctx.model)
             return
         ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
 
