@@ -252,7 +252,10 @@ def batch_tokens(ctx: BuildContext, batch) -> int:
                           f"(a multiple of {k})")
     if ctx.pack_sequences:
         return real_tokens(batch)  # padding is not work done
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+            return int(mask.sum())  # a padded batch: its real tokens (padding is not work done)
         return ids.numel()  # tokenized text: rows × its length, whatever the dataset's windows are
     return rows * (cfg.tokens_per_sample if cfg.custom_model else cfg.seq_len)
 

@@ -110,3 +110,20 @@ def test_the_plan_traces_a_packed_batch():
                     device="cpu", steps=1, warmup_steps=0, toggles=["sequence_packing"])
     planned, measured = estimate(cfg), run(cfg)
     assert abs(planned.peak_bytes - measured.peak_mem_bytes) < 0.15 * measured.peak_mem_bytes
+
+
+def pad_documents(samples):
+    ids = torch.nn.utils.rnn.pad_sequence([s["input_ids"] for s in samples], batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s["input_ids"]) for s in samples], batch_first=True)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE)}
+
+
+def test_a_padded_run_counts_its_real_tokens_too():
+    pytest.importorskip("transformers")
+    from scalekit.hf import causal_lm
+
+    data = Documents(8)
+    result = run(RunConfig(model=causal_lm("llama", preset="tiny"), dataset=data, collate_fn=pad_documents, batch_size=8,
+                           seq_len=32, device="cpu", steps=1, warmup_steps=0))
+    assert result.status == "ok", result.error
+    assert result.steps[0].tokens == sum(len(d) for d in data.docs)  # one batch: every document, no padding
