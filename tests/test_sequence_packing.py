@@ -84,6 +84,7 @@ def test_a_run_packs_and_counts_real_tokens_per_second():
     assert result.status == "ok", result.error
     measured = [s for s in result.steps if not s.warmup]
     assert all(0 < s.tokens < 4 * 32 for s in measured), measured  # each batch's real tokens, padding left out
+    assert result.tokens_per_step == round(sum(s.tokens for s in measured) / len(measured))  # what the steps held
     rates = sorted(s.tokens / (s.step_ms / 1e3) for s in measured)
     assert rates[0] * 0.999 <= result.tokens_per_s <= rates[-1] * 1.001
 
