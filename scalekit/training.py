@@ -30,6 +30,7 @@ from .data import (
     synthetic_batches,
     to_device,
 )
+from .data.packing import PackedDocuments, real_tokens
 from .errors import ConfigError
 from .families import model_adapter
 from .inference.evaluate import build_evaluator
@@ -131,7 +132,8 @@ def make_batches(ctx: BuildContext) -> Iterator:
         if isinstance(cfg.dataset, IterableDataset) and ctx.loader_kwargs.get("num_workers"):
             ctx.notes.append("an iterable dataset with workers: each worker runs the whole iterator unless the "
                              "dataset splits itself by torch.utils.data.get_worker_info()")
-        loader = dataset_loader(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn, **ctx.loader_kwargs)
+        dataset, collate_fn = run_dataset(ctx)
+        loader = dataset_loader(dataset, cfg.batch_size, cfg.seed, collate_fn, **ctx.loader_kwargs)
         return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
     adapter = ctx.model_adapter
     if adapter is not None and cfg.data == "synthetic":  # a model family's own random tokens (its vocabulary)
@@ -149,6 +151,14 @@ def make_batches(ctx: BuildContext) -> Iterator:
     batches = LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
     # the same corpus pipeline for a model family, in the batches its loss takes (Hugging Face: input_ids/labels)
     return batches if adapter is None else MappedBatches(batches, lambda xy: adapter.batch_of(*xy))
+
+
+def run_dataset(ctx: BuildContext) -> tuple:
+    """(the dataset the DataLoader reads, its collate_fn): the user's, or its documents packed into full rows."""
+    cfg = ctx.config
+    if ctx.pack_sequences:
+        return PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), None
+    return cfg.dataset, cfg.collate_fn
 
 
 def split_batch(batch, parts: int) -> list:
@@ -204,7 +214,8 @@ def sample_batch(cfg: RunConfig, ctx: BuildContext):
     if cfg.batch_fn is not None:
         return cfg.batch_fn(cfg.batch_size, ctx.device)
     if cfg.dataset is not None:
-        return to_device(first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn), ctx.device)
+        dataset, collate_fn = run_dataset(ctx)
+        return to_device(first_batch(dataset, cfg.batch_size, cfg.seed, collate_fn), ctx.device)
     return next(ctx.model_adapter.batches(cfg, ctx.device, {}))
 
 
@@ -239,7 +250,12 @@ def batch_tokens(ctx: BuildContext, batch) -> int:
         raise ConfigError(f"a batch of {rows} rows cannot be split into grad_accum={k} equal micro-batches: "
                           f"{'RunConfig.batch_fn must return batch_size rows' if cfg.custom_model else 'the batch'} "
                           f"(a multiple of {k})")
+    if ctx.pack_sequences:
+        return real_tokens(batch)  # padding is not work done
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+            return int(mask.sum())  # a padded batch: its real tokens (padding is not work done)
         return ids.numel()  # tokenized text: rows × its length, whatever the dataset's windows are
     return rows * (cfg.tokens_per_sample if cfg.custom_model else cfg.seq_len)
 

@@ -35,6 +35,7 @@ CASES = [
     ("small-adamw8bit", dict(SMALL, toggles={"optim": "adamw_bnb_8bit"})),
     ("small-adafactor-nice", dict(SMALL, toggles={"optim": "adafactor", "nice_numbers": True})),
     ("small-b2-foreach", dict(preset="small", batch_size=2, seq_len=32, toggles={"optim": "adamw_torch_foreach"})),
+    ("small-muon", dict(SMALL, toggles={"optim": "muon"})),
     ("small-all", dict(SMALL, toggles={"bf16": True, "checkpointing": 2, "grad_accum": 2, "optim": "lion_8bit"})),
 ]
 

@@ -261,6 +261,16 @@ class HFCausalLM(ModelAdapter):
     def vocab_padding_support(self) -> tuple[bool, str]:
         return True, ""
 
+    @property
+    def architecture(self) -> str | None:
+        return getattr(self.hf_config, "model_type", None)
+
+    def packed_sequences_support(self) -> tuple[bool, str]:
+        takes = inspect.signature(self.model_class.forward).parameters
+        if "position_ids" in takes and "attention_mask" in takes:
+            return True, ""
+        return False, f"needs position_ids and attention_mask in the forward of {self.model_class.__name__}, which has no such arguments"
+
     def pad_vocab(self, multiple: int) -> None:
         self.vocab_multiple = multiple
 

@@ -25,7 +25,10 @@ def summarise_steps(result: RunResult, peak_tflops: float | None, peak_why: str)
         result.tokens_per_s = result.tokens_per_step / median_s
     else:  # batches of different sizes (a user's batches, a short last batch): the median of each step's rate
         result.tokens_per_s = statistics.median(s.tokens_per_s for s in measured)
-        result.notes.append("batches differed in size: tokens/s is the median of each step's tokens/s")
+        # the mean of what the steps held (not the config's guess from one sample): the per-token comparisons use it
+        result.tokens_per_step = round(statistics.fmean(s.tokens for s in measured))
+        result.notes.append("batches differed in size: tokens/s is the median of each step's tokens/s, tokens per step "
+                            "their mean")
     result.peak_tflops = peak_tflops
     result.mfu = mfu(result.flops_per_step, median_s, peak_tflops)
     result.mfu_note = peak_why if result.mfu is not None else f"n/a: {peak_why}"

@@ -99,6 +99,17 @@ class ModelAdapter:
         """Pad the vocabulary of the model to be built to a multiple of `multiple`."""
         raise ToggleUnavailable(self.vocab_padding_support()[1])
 
+    @property
+    def architecture(self) -> str | None:
+        """The model's architecture as its library names it (transformers' model_type: 'llama', 'gpt2'), or None."""
+        return None
+
+    def packed_sequences_support(self) -> tuple[bool, str]:
+        """Whether the model's forward takes packed rows (per-document position_ids and a 4-D additive
+        attention_mask, scalekit.data.packing), and why not (said of the toggle)."""
+        return False, (f"needs a forward that takes per-document position_ids and a 4-D attention mask, which "
+                       f"{self.family} does not say it takes (its loss_fn would see them and could not use them)")
+
     def checkpoint(self, model: torch.nn.Module, every: int) -> str | None:
         """Checkpoint every `every`-th block the family's own way, returning a note; None: scalekit wraps the
         blocks itself (the rule for any model)."""

@@ -34,6 +34,7 @@ import torch
 
 from ..measure.flops import gpt_train_flops_per_token
 from ..models import GPT, GPTConfig
+from ..models.muon import block_matrix_ids
 from ..toggles.checkpointing import SEQUENTIAL, sequential_segments
 from ..toggles.optim import EIGHT_BIT
 from .estimate import FP32, INT64, Estimate
@@ -46,6 +47,7 @@ class ModelShapes:
 
     param_shapes: list[tuple[int, ...]]  # every parameter tensor, a tied one once, in module order
     embedding_index: int  # position of the token embedding in param_shapes
+    block_matrices: tuple[int, ...]  # positions of the blocks' 2-D weights in param_shapes (Muon's share)
     block_params: int  # parameters of one transformer block
     block_linear_weights: int  # values in one block's matmul weights (its biases and norms left out)
     block_last_linear: int  # values in a block's last projection (MLP c_proj), which recomputation skips
@@ -70,6 +72,7 @@ def model_shapes(gpt_config: GPTConfig, stable_embedding: bool) -> ModelShapes:
     block_linear = [m.weight.numel() for m in model.transformer.h[0].modules() if isinstance(m, torch.nn.Linear)]
     return ModelShapes(param_shapes=[tuple(p.shape) for p in [*params, *extra]],
                        embedding_index=next(i for i, p in enumerate(params) if p is wte),
+                       block_matrices=tuple(i for i, p in enumerate(params) if id(p) in block_matrix_ids(model)),
                        block_params=sum(p.numel() for p in model.transformer.h[0].parameters()),
                        block_linear_weights=sum(block_linear), block_last_linear=block_linear[-1],
                        linear_weights=sum(linear.values()),
@@ -201,7 +204,8 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
     sizes = [math.prod(shape) for shape in shapes.param_shapes]
     params = shapes.n_params * FP32 + shapes.buffer_bytes
     grads = shapes.n_params * FP32
-    state = optimizer_state_bytes(optim, shapes.param_shapes, [shapes.embedding_index] if stable else [])
+    state = optimizer_state_bytes(optim, shapes.param_shapes, [shapes.embedding_index] if stable else [],
+                                  shapes.block_matrices)
 
     layer = layer_activation_bytes(s, act, sdpa, cuda)
     head = head_activation_bytes(s, act, stable)

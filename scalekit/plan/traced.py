@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import training
 from ..data import first_batch, to_device
+from ..data.packing import PackedDocuments
 from ..errors import PlanUnavailable
 from ..hardware import Hardware
 from ..measure import memory
@@ -63,7 +64,8 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
     data = cfg.data if cfg.batch_fn is not None else "synthetic"
     traced_cfg = dataclasses.replace(cfg, toggles=toggles, init="random", data=data)
     if cfg.dataset is not None:  # your dataset: one real batch of it, read here, traced as a batch_fn's
-        sample = first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
+        sample = first_batch(PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), cfg.batch_size, cfg.seed) \
+            if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
         traced_cfg = dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
                                          batch_fn=lambda batch_size, device: to_device(sample, device))
     with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:

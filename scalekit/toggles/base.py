@@ -84,6 +84,7 @@ class BuildContext:
     batch_wrappers: list = field(default_factory=list)  # callables(batches) -> batches around the pipeline (echo)
     batch_counter: Any = None  # the pipeline's batches, counted before any wrapper (data.CountedBatches)
     batches: Iterator | None = None  # the run's batches (this rank's slice of each global batch)
+    pack_sequences: bool = False  # the dataset's documents packed into full rows (data.packing); real tokens counted
     # -- model -----------------------------------------------------------------------------------------
     gpt_config: Any = None  # GPTConfig before the built-in GPT is built (None for a user's own model)
     model_adapter: Any = None  # the model's family (ModelAdapter): how toggles change it (generation: always set)
@@ -125,6 +126,7 @@ class PlanFacts:
     micro_batches: int = 1  # micro-batches per optimizer step (the batch split along dim 0)
     analytic: bool = True  # the built-in GPT's analytic plan covers the run (False: only a trace can tell)
     quantized_base: str | None = None  # bitsandbytes mode the frozen base's block linears are held in
+    packed_rows: bool = False  # the dataset's documents are packed into full rows (data.packing): trace a packed batch
     # -- a run over ranks (scalekit.plan.ranks) --
     grad_buckets: bool = False  # every rank keeps a flat copy of every gradient (DDP's buckets)
     sharded: frozenset = frozenset()  # parts split over the ranks: of "params", "grads", "state"

@@ -1,4 +1,5 @@
-"""Optimizer choice: torch AdamW (default, foreach, fused), bitsandbytes 8-bit Adam/AdamW/Lion, torch Adafactor.
+"""Optimizer choice: torch AdamW (default, foreach, fused), bitsandbytes 8-bit Adam/AdamW/Lion, torch Adafactor,
+torch Muon paired with AdamW.
 
 Names follow HF TrainingArguments' `optim`.  bitsandbytes is imported only when an 8-bit optimizer is
 chosen: importing it in a notebook's parent process gets in the way of launching worker processes.
@@ -13,6 +14,7 @@ import torch
 
 from ..errors import ConfigError, ToggleUnavailable
 from ..measure.memory import storage_bytes
+from ..models.muon import block_matrix_ids, muon_with_adamw
 from ..optional import quiet_import
 from .base import BuildContext, Spelling, Toggle, Tune
 
@@ -27,6 +29,8 @@ OPTIMIZERS = {
     "adamw_torch": ("torch", "AdamW, torch's default implementation: two fp32 moments, 8 bytes/param"),
     "adamw_torch_foreach": ("torch", "AdamW(foreach=True): the update batched over many tensors per kernel"),
     "adamw_torch_fused": ("torch", "AdamW(fused=True): the whole update in one fused kernel"),
+    "muon": ("torch", "Muon for the blocks' 2-D weight matrices (one fp32 momentum, 4 bytes/param), AdamW for "
+                      "the rest (embeddings, norms, biases, head: 8 bytes/param)"),
 }
 EIGHT_BIT = ("adamw_bnb_8bit", "adam_bnb_8bit", "paged_adamw_8bit", "lion_8bit")
 
@@ -38,10 +42,18 @@ def choice_available(value: str) -> tuple[bool, str]:
         return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
     if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
         return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
+    if value == "muon" and not hasattr(torch.optim, "Muon"):
+        return False, f"torch {torch.__version__} has no torch.optim.Muon (added in torch 2.9)"
     return True, ""
 
 
-def make_optimizer(value: str, params, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(value: str, params, lr: float, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """Optimizer `value` over `params`; Muon also needs the `model` (which of its 2-D weights are in its blocks)."""
+    if value == "muon":
+        if model is None:
+            raise ConfigError("optim='muon' needs the model: which 2-D weights are in its repeated blocks decides what "
+                              "Muon updates (make_optimizer(..., model=...))")
+        return muon_with_adamw(model, list(params), lr=lr)
     if value == "adamw_torch":
         return torch.optim.AdamW(params, lr=lr)
     if value == "adamw_torch_foreach":
@@ -123,6 +135,7 @@ SPELLED = {
     "lion_8bit": ("lion_8bit", 0.0, "bnb.optim.Lion8bit({p}, lr={lr})", ""),
     "adafactor": ("adafactor", 0.0, "torch.optim.Adafactor({p})  # its lr is relative: torch's default 1e-2",
                   "TrainingArguments' adafactor is transformers' Adafactor; scalekit's is torch.optim.Adafactor"),
+    "muon": ("", 0.01, "muon_with_adamw({m}, [p for p in {m}.parameters() if p.requires_grad], lr={lr})", ""),
 }
 # TrainingArguments' optim -> this toggle's value (None: the baseline, torch's AdamW)
 FROM_TRAINING_ARGUMENTS = {"adamw_torch": None, "adamw_torch_fused": "adamw_torch_fused", "adamw_bnb_8bit": "adamw_bnb_8bit",
@@ -133,6 +146,12 @@ FROM_TRAINING_ARGUMENTS = {"adamw_torch": None, "adamw_torch_fused": "adamw_torc
 def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
     """Optimizer `value` in `target`'s code: TrainingArguments' optim, or the optimizer built over the parameters."""
     name, decay, code, caveat = SPELLED[value]
+    if value == "muon":
+        if target == "hf":
+            return Spelling(missing="TrainingArguments has no Muon: give the Trainer optimizers=(muon_with_adamw(model, "
+                                    "params, lr), None) from scalekit.models.muon")
+        return Spelling(optimizer=code.format(m="self" if target == "lightning" else "model", lr=repr(cfg.lr)),
+                        imports=("from scalekit.models.muon import muon_with_adamw",))
     if target == "hf":
         return Spelling(kwargs={"optim": name, "weight_decay": decay},
                         notes=(f"optim={value!r} → {name!r}: {caveat}",) if caveat else ())
@@ -144,7 +163,7 @@ def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
 
 class Optim(Toggle):
     name = "optim"
-    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, or AdamW foreach/fused"
+    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, AdamW foreach/fused, or Muon with AdamW"
     cost = "8-bit and factored states approximate the fp32 moments; losses differ a little from AdamW"
     helps_when = "optimizer state is a large part of memory (AdamW keeps 8 bytes per parameter)"
     group = "optimizer"
@@ -154,7 +173,8 @@ class Optim(Toggle):
     phase = "wrap"
     choices = tuple(OPTIMIZERS)
     tuning = (Tune("adamw_torch_fused", rank=60, label="fused AdamW"),
-              Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True))
+              Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True),
+              Tune("muon", rank=145, label="Muon for the block matrices (to fit)", memory_only=True))
 
     def apply(self, ctx: BuildContext, value: str) -> None:
         ok, why = choice_available(value)
@@ -164,6 +184,14 @@ class Optim(Toggle):
             keep_embeddings_32bit(ctx, quiet_import("bitsandbytes"))
             if value.startswith("paged") and ctx.device.type != "cuda":
                 ctx.notes.append("paged optimizer on CPU: bitsandbytes falls back to ordinary buffers")
+        if value == "muon":
+            if not block_matrix_ids(ctx.base_model):
+                raise ToggleUnavailable(f"optim='muon' found no 2-D weight matrix in the repeated blocks of "
+                                        f"{type(ctx.base_model).__name__} (Muon is for hidden matrices; "
+                                        f"models.blocks says which modules are the blocks)")
+            # the split is made over the final parameters (after wrappers), looked up through the wrappers
+            ctx.optimizer_factory = lambda params: make_optimizer(value, params, lr=ctx.config.lr, model=ctx.model)
+            return
         ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
 
 
