@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import IterableDataset
 
-from . import distributed, hardware
+from . import distributed, hardware, parallel
 from .config import RunConfig
 from .data import (
     CountedBatches,
@@ -97,10 +97,13 @@ def build_optimizer(ctx: BuildContext) -> None:
     params = [p for p in ctx.model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("nothing to train: every parameter of the model is frozen (requires_grad=False)")
-    if ctx.optimizer_factory is not None:
-        ctx.optimizer = ctx.optimizer_factory(params)
-    else:
-        ctx.optimizer = torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
+    def make(params: list) -> torch.optim.Optimizer:
+        if ctx.optimizer_factory is not None:
+            return ctx.optimizer_factory(params)
+        return torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
+
+    # ZeRO-1: the same optimizer, each rank stepping only its share of the weights
+    ctx.optimizer = parallel.zero_redundancy(params, make) if ctx.optimizer_state_sharded else make(params)
     ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
 
 

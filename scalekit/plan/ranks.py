@@ -2,12 +2,15 @@
 
 The planner first plans one rank's step as a single process: the rank's slice of the batch, no
 distributed toggle.  Then it moves the parts the toggles say they move (their `plan` sets PlanFacts'
-`sharded`, `offloaded`, `gathers_blocks` and `grad_buckets`), as each strategy does:
+`sharded`, `offloaded`, `gathers_blocks`, `keeps_gathered` and `grad_buckets`), as each strategy does:
 - DDP keeps everything on every rank, plus its gradient buckets: a flat copy of every gradient
   (`gradient_as_bucket_view=False`, DDP's default).
 - FSDP2 keeps 1/W of the weights, gradients and optimizer state, and gathers one block's full weights at
   a time (two while the next is prefetched), reduce-scattering one block's gradients; CPU offload moves
   the shards to host memory.
+- scalekit's zero: ZeRO-1 (ZeroRedundancyOptimizer under DDP) shards the optimizer state and keeps DDP's
+  buckets; ZeRO-2 (FSDP2 without resharding after forward) holds 1/W of everything at rest, and the full
+  weights from forward to backward.
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.
@@ -47,6 +50,8 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     extra = full.grads if facts.grad_buckets else 0
     if facts.gathers_blocks:  # two gathered blocks (one prefetched), one block's gradients reduce-scattered
         extra += 2 * (block_bytes * facts.wrapper_param_bytes // FP32) + block_bytes
+    if facts.keeps_gathered:  # every block gathered in forward and kept to backward; one block's grads unsharded
+        extra += full.params * facts.wrapper_param_bytes // FP32 + block_bytes
     note = "; ".join(facts.rank_notes)
     if facts.offloaded and not on_gpu:
         note += "; on a CPU-only run the host is the device, so offloading saves nothing here"

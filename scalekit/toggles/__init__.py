@@ -36,6 +36,7 @@ from . import (
     tf32,
     training_format,
     vectorized_transforms,
+    zero,
 )
 from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
 
@@ -75,6 +76,7 @@ ORDER: list[Toggle] = [
     ddp.TOGGLE,
     cpu_offload.TOGGLE,
     fsdp.TOGGLE,
+    zero.TOGGLE,
     fused_adamw.TOGGLE,
     grad_accum.TOGGLE,
     empty_cache_steps.TOGGLE,
