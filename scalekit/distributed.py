@@ -146,13 +146,20 @@ def release_model(ctx) -> None:
     gc.collect()
 
 
-def shard_batches(batches: Iterator, batch_size: int) -> Iterator:
-    """This rank's rows of every global batch (for runs whose toggles split the batch across ranks)."""
+def shard_batches(batches: Iterator, batch_size: int, split=None) -> Iterator:
+    """This rank's rows of every global batch (for runs whose toggles split the batch across ranks).  `split()`:
+    (this rank's index, ranks) among the ranks that split the batch, or None for every rank; it is read at the
+    first batch, so a toggle that shards the model (applied after the batches are built) can still set it."""
     if not group_alive() or dist.get_world_size() == 1:
         return batches
-    r, w = dist.get_rank(), dist.get_world_size()
-    micro_batch_rows(batch_size, w)
-    return (_rows(batch, r, w) for batch in batches)
+    micro_batch_rows(batch_size, dist.get_world_size())
+    return _split_rows(batches, split or (lambda: None))
+
+
+def _split_rows(batches: Iterator, split) -> Iterator:
+    r, w = split() or (dist.get_rank(), dist.get_world_size())
+    for batch in batches:
+        yield _rows(batch, r, w) if w > 1 else batch
 
 
 def _rows(batch, r: int, w: int):

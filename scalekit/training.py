@@ -69,7 +69,9 @@ def build_batches(ctx: BuildContext) -> None:
     for wrap in ctx.batch_wrappers:  # e.g. data_echo: each fetched batch used for several steps
         batches = wrap(batches)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
-    ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
+    # (tensor parallel ranks share their batch: the toggle says which ranks split it, read at the first batch)
+    ctx.batches = distributed.shard_batches(batches, cfg.batch_size, lambda: ctx.data_parallel) \
+        if ctx.world_size > 1 else batches
 
 
 def build_model(ctx: BuildContext) -> None:

@@ -11,6 +11,13 @@ distributed toggle.  Then it moves the parts the toggles say they move (their `p
 - scalekit's zero: ZeRO-1 (ZeroRedundancyOptimizer under DDP) shards the optimizer state and keeps DDP's
   buckets; ZeRO-2 (FSDP2 without resharding after forward) holds 1/W of everything at rest, and the full
   weights from forward to backward.
+- tensor_parallel splits each block's weights (and their gradients and state) over its degree; the ranks
+  of a group share one batch, so the rank is planned with batch / (ranks / degree).  Its activations are
+  planned at full width (the replicated norms and residuals are; the split attention and MLP are not):
+  an upper bound.
+- pipeline_parallel keeps 1/stages of the blocks per rank (the embeddings and head counted on every rank);
+  every stage sees the whole batch, and its activations are planned as one process's for the whole batch:
+  an upper bound (GPipe's last stage, with the head and every micro-batch in flight, comes closest).
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.
@@ -36,6 +43,15 @@ class Parts:
         return self.params + self.grads + self.state
 
 
+def split_blocks(full: Parts, blocks_bytes: int, degree: int) -> Parts:
+    """Tensor parallelism: the blocks' weights, and their gradients and optimizer state in proportion, 1/degree
+    per rank (the small replicated norms and biases counted as split: within a few per cent)."""
+    if degree == 1 or not full.params:
+        return full
+    kept = 1 - (1 - 1 / degree) * min(1.0, blocks_bytes / full.params)
+    return Parts(*(int(getattr(full, p) * kept) for p in PARTS))
+
+
 def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     """`single` (one rank's step planned as one process) with each part where the toggles put it (`facts`:
     scalekit.toggles.PlanFacts: which parts are split over the ranks, which live in host memory, whether
@@ -43,6 +59,7 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     block_bytes = single.largest_block_bytes
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
+    full = split_blocks(full, single.blocks_bytes, facts.tensor_parallel * facts.pipeline_stages)
     held = Parts(*(-(-getattr(full, p) // world) if p in facts.sharded else getattr(full, p) for p in PARTS))
     away = facts.offloaded if on_gpu else frozenset()
     device = Parts(*(0 if p in away else getattr(held, p) for p in PARTS))
