@@ -35,6 +35,7 @@ CASES = {  # name: toggles
     "tensor_parallel": {"tensor_parallel": 2},
     "tensor_parallel + accumulation": {"tensor_parallel": 2, "grad_accum": 2},
     "tensor_parallel, Hugging Face Llama (its tp_plan)": {"tensor_parallel": 2},
+    "2-D: fsdp + tensor_parallel": {"fsdp": True, "tensor_parallel": 2},
     "pipeline_parallel gpipe": {"pipeline_parallel": "gpipe"},
     "pipeline_parallel 1f1b, 2 micro-batches": {"pipeline_parallel": "1f1b/2"},
 }
@@ -187,6 +188,9 @@ def test_the_planner_splits_the_blocks_and_keeps_the_batch_whole_in_a_tensor_par
     assert one.params_bytes / 2 < tp.params_bytes < one.params_bytes  # blocks split, embeddings whole
     assert tp.activations_bytes > ddp.activations_bytes  # the whole batch, against half of it
     assert any("tensor_parallel: 1/2" in n for n in tp.notes)
+    two_d = estimate(tiny(preset="small", batch_size=BATCH, toggles={"fsdp": True, "tensor_parallel": 2}),
+                     device="cpu", world_size=4)  # fsdp shards what tensor_parallel left, over the 2 data ranks
+    assert two_d.params_bytes == -(-tp.params_bytes // 2) and two_d.optimizer_state_bytes < tp.optimizer_state_bytes
 
 
 def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt_is_refused():
@@ -206,3 +210,23 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
         normalise({"pipeline_parallel": "1f1b/0"})
     assert normalise({"pipeline_parallel": "gpipe/8"}) == {"pipeline_parallel": "gpipe/8"}
     assert bubble(2, 4) == pytest.approx(1 / 5) and bubble(4, 4) == pytest.approx(3 / 7)
+
+
+def _two_d():
+    dist.init_process_group("gloo")
+    out = train(tiny(batch_size=BATCH, toggles={"fsdp": True, "tensor_parallel": 2}))
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.slow
+def test_a_2d_mesh_of_4_ranks_fsdp_over_2_tensor_parallel_pairs_trains_like_one_process(one_process):
+    ref_losses, ref_params, _, ref_grads = one_process["gpt"]
+    for losses, params, _, grads in launch(_two_d, nprocs=4, timeout_s=240):
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+        for name in ref_grads[0]:
+            assert close(grads[0][name], ref_grads[0][name]) < 1e-5, name
+        for name in ref_params:
+            torch.testing.assert_close(params[name], ref_params[name], atol=5e-5, rtol=1e-4)
+    with pytest.raises(ConfigError, match=r"tensor_parallel=4 does not fit 6 ranks: .* mesh of shape \(6/4, 4\)"):
+        tp_mesh("cpu", 6, 4)

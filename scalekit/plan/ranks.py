@@ -14,7 +14,7 @@ distributed toggle.  Then it moves the parts the toggles say they move (their `p
 - tensor_parallel splits each block's weights (and their gradients and state) over its degree; the ranks
   of a group share one batch, so the rank is planned with batch / (ranks / degree).  Its activations are
   planned at full width (the replicated norms and residuals are; the split attention and MLP are not):
-  an upper bound.
+  an upper bound.  With fsdp too (2-D), fsdp shards over the data-parallel ranks: ranks / degree.
 - pipeline_parallel keeps 1/stages of the blocks per rank (the embeddings and head counted on every rank);
   every stage sees the whole batch, and its activations are planned as one process's for the whole batch:
   an upper bound (GPipe's last stage, with the head and every micro-batch in flight, comes closest).
@@ -60,7 +60,8 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
     full = split_blocks(full, single.blocks_bytes, facts.tensor_parallel * facts.pipeline_stages)
-    held = Parts(*(-(-getattr(full, p) // world) if p in facts.sharded else getattr(full, p) for p in PARTS))
+    dp = world // facts.tensor_parallel // facts.pipeline_stages  # the ranks a sharding toggle splits over
+    held = Parts(*(-(-getattr(full, p) // dp) if p in facts.sharded else getattr(full, p) for p in PARTS))
     away = facts.offloaded if on_gpu else frozenset()
     device = Parts(*(0 if p in away else getattr(held, p) for p in PARTS))
     host = Parts(*(getattr(held, p) if p in away else 0 for p in PARTS))

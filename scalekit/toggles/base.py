@@ -103,6 +103,7 @@ class BuildContext:
     optimizer_state_sharded: bool = False  # each rank steps and keeps the state of only its share of the weights (ZeRO-1)
     # toggles that split the model (tensor/pipeline parallel) set it after the batches are built: read at the first batch
     data_parallel: tuple[int, int] | None = None  # (this rank's index, ranks) among those splitting each batch; None: all
+    data_mesh: Any = None  # the mesh's data-parallel dimension where a toggle built a 2-D mesh (tensor_parallel): fsdp shards over it
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
     # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
     inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under

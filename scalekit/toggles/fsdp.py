@@ -16,7 +16,9 @@ from .base import BuildContext, Call, Spelling, Toggle
 
 def fsdp_kwargs(ctx: BuildContext) -> dict:
     """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
-    return shard_kwargs(ctx, mesh=init_device_mesh(ctx.device.type, (ctx.world_size,)))
+    # on a 2-D mesh (tensor_parallel built it) FSDP shards over the data-parallel dimension, as torchtitan does
+    mesh = ctx.data_mesh if ctx.data_mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
+    return shard_kwargs(ctx, mesh=mesh)
 
 
 def fsdp_fields(fields) -> tuple[list[str], dict] | None:

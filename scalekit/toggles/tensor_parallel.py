@@ -1,4 +1,9 @@
-"""Tensor parallelism (Megatron-style): each block's linear layers split over ranks that share one batch."""
+"""Tensor parallelism (Megatron-style): each block's linear layers split over ranks that share one batch.
+
+With fsdp on too, the ranks form a 2-D (data parallel, tensor parallel) mesh, checked here against the number of
+ranks: tensor_parallel splits each block within a row of it, then fsdp (after it in ORDER) shards over its
+columns — torchtitan's order (TP, then FSDP).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ class TensorParallel(Toggle):
     choices = DEGREES
     needs_process_group = True
     excludes = {"ddp": "tensor parallel ranks share one batch: DDP would average their identical gradients (use "
-                       "fsdp for a 2-D mesh)",
+                       "fsdp for a 2-D mesh: fsdp + tensor_parallel)",
                 "deepspeed": "DeepSpeed's engine does not take tensor-parallel DTensors here",
                 "zero": "zero1/zero2 are not composed with tensor_parallel here (fsdp is: a 2-D mesh)",
                 "compile": "not composed here: compile the tensor-parallel blocks in a later version",
@@ -52,6 +57,7 @@ class TensorParallel(Toggle):
         blocks = parallelize(ctx.base_model, mesh["tp"], value)
         dp = ctx.world_size // value
         ctx.data_parallel = (rank() // value, dp)  # the ranks of one tensor-parallel group share their rows
+        ctx.data_mesh = mesh["dp"]  # fsdp, applied next (ORDER), shards over it: a 2-D (dp, tp) mesh
         ctx.stack.callback(release_model, ctx)
         ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks; batch split {dp} ways")
 
