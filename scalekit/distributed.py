@@ -193,8 +193,9 @@ class DistributedRunResult(RunResult):
         return row
 
 
-def aggregate(ranks: Ranks, result: RunResult) -> DistributedRunResult:
-    """Every rank's figures gathered into one result (the same on every rank)."""
+def aggregate(ranks: Ranks, result: RunResult, data_parallel: tuple[int, int] | None = None) -> DistributedRunResult:
+    """Every rank's figures gathered into one result (the same on every rank); `data_parallel`: (index, ranks)
+    among the ranks that split each batch, where toggles that split the model set it (None: every rank)."""
     mine = dict(rank=ranks.rank, tokens_per_s=result.tokens_per_s, tokens_per_s_wall=result.tokens_per_s_wall,
                 step_ms=result.median_step_ms, peak_mem_bytes=result.peak_mem_bytes, mfu=result.mfu,
                 final_loss=result.final_loss, losses=result.losses, status=result.status)
@@ -215,7 +216,9 @@ def aggregate(ranks: Ranks, result: RunResult) -> DistributedRunResult:
     # same sync points on every rank: average the losses step by step
     out.losses = [(step, sum(r["losses"][k][1] for r in rows) / len(rows)) for k, (step, _) in enumerate(result.losses)]
     out.final_loss = out.losses[-1][1] if out.losses else None
-    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}), batch_size/{ranks.world_size} per rank: "
+    split = ranks.world_size if data_parallel is None else data_parallel[1]  # ranks that split the model share rows
+    rows = f", batch_size/{split} per rank" if split > 1 else ", the whole batch on every rank"
+    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}){rows}: "
                      f"tokens/s summed over ranks, peak memory of the largest rank, loss averaged over ranks")
     return out
 
