@@ -361,6 +361,48 @@ def data(dry_run: bool) -> dict:
     return {"tables": [_table(f"data ladder, {base.preset}, {device}", rows)], "claims": claims, "claims_why": why}
 
 
+# -- 8. tensor, pipeline and 2-D parallelism ------------------------------------------------------------------
+PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
+                  "fsdp (ZeRO-3)": {"fsdp": True}, "tensor_parallel=2": {"tensor_parallel": 2},
+                  "pipeline_parallel 1f1b/8": {"pipeline_parallel": "1f1b/8"},
+                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2}}
+
+
+def parallelism(dry_run: bool) -> dict:
+    """Per-rank memory of each mode, planned; measured too where there are GPUs enough (2; 4 for 2-D)."""
+    from scalekit import RunConfig, estimate
+    from scalekit.hardware import gpu_count_without_cuda_init
+
+    gpus = 0 if dry_run else gpu_count_without_cuda_init()
+    preset, batch = ("tiny", 8) if dry_run else ("gpt2-124m", 8)
+    rows = []
+    for label, toggles in PARALLEL_MODES.items():
+        world = 4 if "2-D" in label else 2
+        cfg = RunConfig(preset=preset, batch_size=batch, steps=3, warmup_steps=1, toggles=toggles,
+                        device="cuda" if gpus else "cpu", data="synthetic")
+        planned = estimate(cfg, device="cuda", world_size=world)
+        row = {"mode": label, "status": "ok", "ranks": world, "planned_mb_per_rank": _mb(planned.peak_bytes)}
+        if gpus >= world:
+            row.update(_measured_over_ranks(cfg, world))
+        else:
+            row["note"] = f"planned only: {gpus} GPU(s) here, {world} needed to measure"
+        rows.append(row)
+    measured = [r for r in rows if "measured_mb_per_rank" in r]
+    claims = {"parallel_memory": (f"{len(measured)} of {len(rows)} modes measured; the rest planned per rank only"
+                                  if gpus else "per-rank memory model only: this run has fewer than 2 GPUs")}
+    return {"tables": [_table(f"parallelism per rank, {preset} (planned on CUDA's rules)", rows)], "claims": claims}
+
+
+def _measured_over_ranks(cfg, world: int) -> dict:
+    from scalekit.launch import launch_run
+
+    r = launch_run(cfg, nprocs=world, catch_errors=True)
+    if r.status != "ok":
+        return {"status": r.status, "note": r.error}
+    return {"measured_mb_per_rank": _mb(r.peak_mem_bytes), "tokens_per_s": r.tokens_per_s,
+            "step_ms": r.median_step_ms}
+
+
 # name -> (function, time limit in seconds), in priority order
 SECTIONS = {
     "gpu_tests": (gpu_tests, 150),
@@ -370,6 +412,7 @@ SECTIONS = {
     "data": (data, 90),
     "finetune": (finetune, 90),
     "odds_and_ends": (odds_and_ends, 60),
+    "parallelism": (parallelism, 90),
 }
 
 # (the claim in the course's words, section, key of the section's claims)
@@ -397,6 +440,8 @@ CLAIMS = [
     ("TF32 rounds matmul inputs to ~3 significant digits", "odds_and_ends", "tf32_error"),
     ("fp16 autocast trains with a GradScaler", "odds_and_ends", "fp16_scaler"),
     ("SDPA uses flash attention on the GPU", "odds_and_ends", "flash_backend"),
+    ("TP, PP, 2-D and ZeRO-1/2/3 per-rank memory, planned and (with GPUs enough) measured", "parallelism",
+     "parallel_memory"),
 ]
 
 __all__ = ["SECTIONS", "CLAIMS", "environment"]
