@@ -12,7 +12,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..distributed import available_with_ranks, distributed_available, rank, release_model
 from ..errors import ConfigError
 from ..models.tensor_parallel import parallelize
-from .base import BuildContext, Spelling, Toggle
+from .base import BuildContext, Spelling
+from .counted import CountToggle
 
 DEGREES = (2, 4, 8)
 
@@ -26,7 +27,7 @@ def tp_mesh(device_type: str, world: int, degree: int):
     return init_device_mesh(device_type, (world // degree, degree), mesh_dim_names=("dp", "tp"))
 
 
-class TensorParallel(Toggle):
+class TensorParallel(CountToggle):
     name = "tensor_parallel"
     summary = ("Megatron-style tensor parallelism: attention's and the MLP's widening linears split by columns, "
                "their output linears by rows (torch.distributed.tensor.parallel); the degree is ranks per block")
@@ -35,7 +36,9 @@ class TensorParallel(Toggle):
     group = "distributed"
     kind = "memory"
     phase = "wrap"
-    choices = DEGREES
+    choices = DEGREES  # offered in menus; any degree that divides the ranks and the heads is taken
+    default = 2
+    unit = "ranks per tensor-parallel group (the degree)"
     needs_process_group = True
     excludes = {"ddp": "tensor parallel ranks share one batch: DDP would average their identical gradients (use "
                        "fsdp for a 2-D mesh: fsdp + tensor_parallel)",
