@@ -7,6 +7,7 @@ the full parameters after a few steps (fp32, the built-in GPT's tiny preset).  O
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 import torch
@@ -145,21 +146,32 @@ def test_the_memory_ladder_per_rank_is_planned_within_15_percent(two_ranks):
     assert measured["ddp"] > measured["zero1"] > measured["zero2"]
 
 
-def _raises_under_tensor_parallel():
+def _fails_under_tensor_parallel(how: str):
     dist.init_process_group("gloo")
     with contextlib.ExitStack() as stack:
         ctx = build(tiny(batch_size=BATCH, toggles={"tensor_parallel": 2}).resolve(CPU), CPU, stack)
         train_step(ctx, next(ctx.batches))
         if dist.get_rank() == 1:
+            if how == "hang":
+                time.sleep(600)
             raise ValueError("rank one broke under tensor parallelism")
         train_step(ctx, next(ctx.batches))  # rank 0 waits in a block's all-reduce for rank 1
 
 
 def test_a_rank_that_raises_under_tensor_parallel_is_named_first():
     with pytest.raises(LaunchError) as info:
-        launch(_raises_under_tensor_parallel, nprocs=2, timeout_s=60)
+        launch(_fails_under_tensor_parallel, "raise", nprocs=2, timeout_s=60)
     assert info.value.rank == 1
     assert str(info.value).splitlines()[0] == "rank 1 failed: ValueError: rank one broke under tensor parallelism"
+
+
+@pytest.mark.slow  # the fault is the hang: the limit leaves the ranks time to build and take a step first
+def test_a_rank_that_hangs_under_tensor_parallel_is_stopped_at_the_time_limit_and_named():
+    with pytest.raises(LaunchError) as info:
+        launch(_fails_under_tensor_parallel, "hang", nprocs=2, timeout_s=12)
+    text = str(info.value)
+    assert info.value.timed_out and text.startswith("the launch reached its time limit of 12 s"), text
+    assert "rank 1 was in _fails_under_tensor_parallel (" in text  # where it hung, from its own stack
 
 
 def test_a_degree_that_does_not_divide_the_heads_or_a_model_without_a_plan_is_refused_naming_the_numbers():
