@@ -39,6 +39,7 @@ CASES = {  # name: toggles
     "2-D: fsdp + tensor_parallel": {"fsdp": True, "tensor_parallel": 2},
     "pipeline_parallel gpipe": {"pipeline_parallel": "gpipe"},
     "pipeline_parallel 1f1b, 2 micro-batches": {"pipeline_parallel": "1f1b/2"},
+    "pipeline_parallel interleaved, small (4 stages on 2 ranks)": {"pipeline_parallel": "interleaved"},
 }
 
 
@@ -49,6 +50,8 @@ def config(case: str, toggles: dict | None = None, **kw):
 
         return scalekit.RunConfig(model=causal_lm("llama", "tiny"), batch_size=BATCH, steps=STEPS, warmup_steps=0,
                                   device="cpu", toggles=toggles or {}, **kw)
+    if "small" in case:
+        kw["preset"] = "small"  # 4 blocks: 2 stages on each of 2 ranks
     return tiny(batch_size=BATCH, toggles=toggles or {}, **kw)
 LADDER = {"ddp": ["ddp"], "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"}, "fsdp (zero3)": ["fsdp"],
           "tensor_parallel": {"tensor_parallel": 2}, "pipeline_parallel": {"pipeline_parallel": "gpipe"}}
@@ -100,7 +103,7 @@ def two_ranks():
 
 @pytest.fixture(scope="module")
 def one_process():
-    return {"gpt": train(config("gpt")), "llama": train(config("Llama"))}
+    return {"gpt": train(config("gpt")), "llama": train(config("Llama")), "small": train(config("small"))}
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -110,7 +113,8 @@ def close(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("case", CASES)
 def test_each_mode_trains_like_one_process(case, two_ranks, one_process):
-    ref_losses, ref_params, ref_state, ref_grads = one_process["llama" if "Llama" in case else "gpt"]
+    ref_losses, ref_params, ref_state, ref_grads = one_process[
+        "llama" if "Llama" in case else "small" if "small" in case else "gpt"]
     for rank_out in two_ranks:
         losses, params, state, grads = rank_out[case]
         assert losses == pytest.approx(ref_losses, rel=1e-5)
@@ -212,13 +216,15 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
     from scalekit.toggles import normalise
 
     gpt = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=3, n_head=2, n_embd=8))
-    assert len(split_stages(gpt, 2, 3).h) == 1
-    with pytest.raises(ConfigError, match=r"the model's 3 blocks do not split into 2 equal stages \(one per rank\): "
-                                          r"the ranks must divide 3"):
+    assert [len(s.h) for s in split_stages(gpt, 2, 3)] == [1]
+    with pytest.raises(ConfigError, match=r"the model's 3 blocks do not split into 2 equal stages \(1 per rank on 2 "
+                                          r"ranks\): the stages must divide 3"):
         split_stages(gpt, 0, 2)
+    with pytest.raises(ConfigError, match=r"3 blocks do not split into 4 equal stages \(2 per rank on 2 ranks\)"):
+        split_stages(gpt, 0, 2, per_rank=2)
     with pytest.raises(ConfigError, match="pipeline_parallel: scalekit splits the built-in GPT's blocks"):
         split_stages(Regressor(), 0, 2)
-    with pytest.raises(ConfigError, match=r"'gpipe' or '1f1b', optionally with '/micro-batches'"):
+    with pytest.raises(ConfigError, match=r"'gpipe', '1f1b' or 'interleaved', optionally with '/micro-batches'"):
         normalise({"pipeline_parallel": "1f1b/0"})
     assert normalise({"pipeline_parallel": "gpipe/8"}) == {"pipeline_parallel": "gpipe/8"}
     assert bubble(2, 4) == pytest.approx(1 / 5) and bubble(4, 4) == pytest.approx(3 / 7)

@@ -18,11 +18,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from ..errors import ConfigError
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+LOOPED = ("interleaved",)  # schedules that put several smaller stages on each rank (here: 2)
+STAGES_PER_RANK = 2
 
 
 def bubble(stages: int, micro_batches: int) -> float:
@@ -58,27 +60,32 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))  # as GPT.forward
 
 
-def split_stages(gpt: nn.Module, rank: int, stages: int) -> GPTStage:
-    """This rank's stage of `gpt`; refused when the stages do not divide the blocks or the model is no GPT."""
+def split_stages(gpt: nn.Module, rank: int, ranks: int, per_rank: int = 1) -> list[GPTStage]:
+    """This rank's stages of `gpt` (`per_rank` of them: rank r holds stages r, r + ranks, ...); refused when the
+    stages do not divide the blocks or the model is no GPT."""
     blocks = getattr(getattr(gpt, "transformer", None), "h", None)
     if blocks is None or not hasattr(gpt, "lm_head"):
         raise ConfigError(f"pipeline_parallel: scalekit splits the built-in GPT's blocks into stages; "
                           f"{type(gpt).__name__} is not split here")
+    stages = ranks * per_rank
     if len(blocks) % stages:
         raise ConfigError(f"pipeline_parallel: the model's {len(blocks)} blocks do not split into {stages} equal "
-                          f"stages (one per rank): the ranks must divide {len(blocks)}")
+                          f"stages ({per_rank} per rank on {ranks} ranks): the stages must divide {len(blocks)}")
     per = len(blocks) // stages
-    return GPTStage(gpt, rank * per, (rank + 1) * per, rank == 0, rank == stages - 1)
+    return [GPTStage(gpt, i * per, (i + 1) * per, i == 0, i == stages - 1)
+            for i in range(rank, stages, ranks)]
 
 
 class Pipeline:
     """Runs one step's forwards and backwards through the schedule; the run calls it as its loss function."""
 
-    def __init__(self, gpt: nn.Module, stage: GPTStage, rank: int, stages: int, schedule: str, micro_batches: int,
-                 device):
-        self.rank, self.stages = rank, stages
-        self.schedule = SCHEDULES[schedule](PipelineStage(stage, rank, stages, device), n_microbatches=micro_batches,
-                                            loss_fn=gpt_loss)
+    def __init__(self, gpt: nn.Module, mine: list[GPTStage], rank: int, stages: int, schedule: str,
+                 micro_batches: int, device):
+        self.rank, self.stages = rank, stages  # `stages`: ranks; `mine`: this rank's stages (several if looped)
+        total = stages * len(mine)
+        piped = [PipelineStage(s, rank + k * stages, total, device) for k, s in enumerate(mine)]
+        kind = SCHEDULES[schedule]
+        self.schedule = kind(piped if schedule in LOOPED else piped[0], n_microbatches=micro_batches, loss_fn=gpt_loss)
         tied = gpt.lm_head.weight is gpt.transformer.wte.weight
         # this rank's copy of the tied embedding/head weight, where the first and last stage are different ranks
         self.tied = gpt.lm_head.weight if tied and stages > 1 and rank in (0, stages - 1) else None
@@ -102,10 +109,10 @@ class Pipeline:
         return loss.requires_grad_()
 
 
-def free_other_stages(gpt: nn.Module, stage: GPTStage) -> None:
-    """Move the weights this rank's stage does not use to the meta device: their memory is freed (the model
+def free_other_stages(gpt: nn.Module, mine: list[GPTStage]) -> None:
+    """Move the weights this rank's stages do not use to the meta device: their memory is freed (the model
     keeps their shapes, for its parameter count)."""
-    kept = {id(p) for p in stage.parameters()}
+    kept = {id(p) for stage in mine for p in stage.parameters()}
     for module in gpt.modules():
         if not any(True for _ in module.children()) and not any(id(p) in kept for p in module.parameters()):
             module.to("meta")

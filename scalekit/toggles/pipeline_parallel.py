@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from ..distributed import available_with_ranks, distributed_available, rank, release_model
 from ..errors import ConfigError
-from ..models.pipeline import SCHEDULES, Pipeline, bubble, free_other_stages, split_stages
+from ..models.pipeline import (
+    LOOPED,
+    SCHEDULES,
+    STAGES_PER_RANK,
+    Pipeline,
+    bubble,
+    free_other_stages,
+    split_stages,
+)
 from .base import BuildContext, Spelling, Toggle
 
 MICRO_BATCHES = 4  # micro-batches per step unless the value says ("1f1b/8")
@@ -18,13 +28,14 @@ def parse(value) -> tuple[str, int]:
 class PipelineParallel(Toggle):
     name = "pipeline_parallel"
     summary = ("pipeline parallelism (torch.distributed.pipelining): the blocks split into one stage per rank, "
-               "each batch cut into micro-batches; '1f1b' or 'gpipe', '/m' for m micro-batches ('1f1b/8')")
+               "each batch cut into micro-batches; '1f1b', 'gpipe' or 'interleaved' (2 stages per rank), '/m' for m "
+               "micro-batches ('1f1b/8')")
     cost = "the bubble: each stage idles (stages-1)/(micro-batches+stages-1) of a step; activations sent between ranks"
     helps_when = "the model's layers do not fit one device and the links between devices are slow (across nodes)"
     group = "distributed"
     kind = "memory"
     phase = "wrap"
-    choices = ("1f1b", "gpipe")
+    choices = ("1f1b", "gpipe", "interleaved")
     needs_process_group = True
     excludes = {name: "not composed with pipeline_parallel here" for name in
                 ("ddp", "fsdp", "zero", "tensor_parallel", "deepspeed", "compile", "checkpointing", "lora", "dora",
@@ -38,8 +49,8 @@ class PipelineParallel(Toggle):
             return self.choices[0]
         if schedule in SCHEDULES and (not count or count.isdigit() and int(count) >= 1):
             return value
-        raise ConfigError(f"{owner}.toggles['pipeline_parallel'] must be True, 'gpipe' or '1f1b', optionally with "
-                          f"'/micro-batches' ('1f1b/8'); got {value!r}")
+        raise ConfigError(f"{owner}.toggles['pipeline_parallel'] must be True, 'gpipe', '1f1b' or 'interleaved', "
+                          f"optionally with '/micro-batches' ('1f1b/8'); got {value!r}")
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("Pipeline parallelism")
@@ -53,15 +64,18 @@ class PipelineParallel(Toggle):
         if rows % micro:
             raise ConfigError(f"pipeline_parallel={value!r}: batch_size ({rows}) does not split into {micro} "
                               f"micro-batches")
-        me, stages = rank(), ctx.world_size
-        stage = split_stages(ctx.base_model, me, stages)
-        pipeline = Pipeline(ctx.base_model, stage, me, stages, schedule, micro, ctx.device)
-        free_other_stages(ctx.base_model, stage)
-        ctx.model, ctx.loss_fn = stage, pipeline
+        me, ranks = rank(), ctx.world_size
+        per_rank = STAGES_PER_RANK if schedule in LOOPED else 1
+        mine = split_stages(ctx.base_model, me, ranks, per_rank)
+        pipeline = Pipeline(ctx.base_model, mine, me, ranks, schedule, micro, ctx.device)
+        free_other_stages(ctx.base_model, mine)
+        ctx.model, ctx.loss_fn = nn.ModuleList(mine), pipeline  # what this rank trains: its stages
         ctx.data_parallel = (0, 1)  # every stage sees the whole batch (the first its tokens, the last its targets)
         ctx.stack.callback(release_model, ctx)
-        ctx.notes.append(f"pipeline_parallel: {len(stage.h)} of the blocks on each of {stages} stages, {schedule}, "
-                         f"{micro} micro-batches: bubble (p-1)/(m+p-1) = {bubble(stages, micro):.0%} of the step")
+        # interleaving v stages per rank divides the bubble by v (Narayanan et al., 2021, section 2.2.2)
+        idle = bubble(ranks, micro) / per_rank
+        ctx.notes.append(f"pipeline_parallel: {len(mine[0].h)} blocks per stage, {per_rank} stage(s) on each of "
+                         f"{ranks} ranks, {schedule}, {micro} micro-batches: bubble {idle:.0%} of the step")
 
     def plan(self, facts, value) -> None:
         facts.pipeline_stages = facts.world_size
