@@ -521,6 +521,47 @@ def training_kernels(dry_run: bool) -> dict:
         why["liger"] = reason
     return {"tables": tables, "claims": claims, "claims_why": why}
 
+# -- tensor, pipeline and 2-D parallelism ------------------------------------------------------------------
+PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
+                  "fsdp (ZeRO-3)": {"fsdp": True}, "tensor_parallel=2": {"tensor_parallel": 2},
+                  "pipeline_parallel 1f1b/8": {"pipeline_parallel": "1f1b/8"},
+                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2}}
+
+
+def parallelism(dry_run: bool) -> dict:
+    """Per-rank memory of each mode, planned; measured too where there are GPUs enough (2; 4 for 2-D)."""
+    from scalekit import RunConfig, estimate
+    from scalekit.hardware import gpu_count_without_cuda_init
+
+    gpus = 0 if dry_run else gpu_count_without_cuda_init()
+    preset, batch = ("tiny", 8) if dry_run else ("gpt2-124m", 8)
+    rows = []
+    for label, toggles in PARALLEL_MODES.items():
+        world = 4 if "2-D" in label else 2
+        cfg = RunConfig(preset=preset, batch_size=batch, steps=3, warmup_steps=1, toggles=toggles,
+                        device="cuda" if gpus else "cpu", data="synthetic")
+        planned = estimate(cfg, device="cuda", world_size=world)
+        row = {"mode": label, "status": "ok", "ranks": world, "planned_mb_per_rank": _mb(planned.peak_bytes)}
+        if gpus >= world:
+            row.update(_measured_over_ranks(cfg, world))
+        else:
+            row["note"] = f"planned only: {gpus} GPU(s) here, {world} needed to measure"
+        rows.append(row)
+    measured = [r for r in rows if "measured_mb_per_rank" in r]
+    claims = {"parallel_memory": (f"{len(measured)} of {len(rows)} modes measured; the rest planned per rank only"
+                                  if gpus else "per-rank memory model only: this run has fewer than 2 GPUs")}
+    return {"tables": [_table(f"parallelism per rank, {preset} (planned on CUDA's rules)", rows)], "claims": claims}
+
+
+def _measured_over_ranks(cfg, world: int) -> dict:
+    from scalekit.launch import launch_run
+
+    r = launch_run(cfg, nprocs=world, catch_errors=True)
+    if r.status != "ok":
+        return {"status": r.status, "note": r.error}
+    return {"measured_mb_per_rank": _mb(r.peak_mem_bytes), "tokens_per_s": r.tokens_per_s,
+            "step_ms": r.median_step_ms}
+
 
 # name -> (function, time limit in seconds), in priority order
 SECTIONS = {
@@ -534,6 +575,7 @@ SECTIONS = {
     "train_memory": (train_memory, 120),
     "speculative": (speculative, 90),
     "training_kernels": (training_kernels, 120),
+    "parallelism": (parallelism, 90),
 }
 
 # (the claim in the course's words, section, key of the section's claims)
@@ -576,6 +618,8 @@ CLAIMS = [
     ("float8 training: torchtitan Llama 3.1 8B, 8×H100, 6,667 → 8,532 tokens/s/GPU with compile + float8 (+28%)",
      "training_kernels", "float8"),
     ("Liger-Kernel: +20% throughput, −60% memory (LLaMA-3-8B, 8×A100, FSDP1; its README)", "training_kernels", "liger"),
+    ("TP, PP, 2-D and ZeRO-1/2/3 per-rank memory, planned and (with GPUs enough) measured", "parallelism",
+     "parallel_memory"),
 ]
 
 __all__ = ["SECTIONS", "CLAIMS", "environment"]

@@ -146,13 +146,20 @@ def release_model(ctx) -> None:
     gc.collect()
 
 
-def shard_batches(batches: Iterator, batch_size: int) -> Iterator:
-    """This rank's rows of every global batch (for runs whose toggles split the batch across ranks)."""
+def shard_batches(batches: Iterator, batch_size: int, split=None) -> Iterator:
+    """This rank's rows of every global batch (for runs whose toggles split the batch across ranks).  `split()`:
+    (this rank's index, ranks) among the ranks that split the batch, or None for every rank; it is read at the
+    first batch, so a toggle that shards the model (applied after the batches are built) can still set it."""
     if not group_alive() or dist.get_world_size() == 1:
         return batches
-    r, w = dist.get_rank(), dist.get_world_size()
-    micro_batch_rows(batch_size, w)
-    return (_rows(batch, r, w) for batch in batches)
+    micro_batch_rows(batch_size, dist.get_world_size())
+    return _split_rows(batches, split or (lambda: None))
+
+
+def _split_rows(batches: Iterator, split) -> Iterator:
+    r, w = split() or (dist.get_rank(), dist.get_world_size())
+    for batch in batches:
+        yield _rows(batch, r, w) if w > 1 else batch
 
 
 def _rows(batch, r: int, w: int):
@@ -186,8 +193,9 @@ class DistributedRunResult(RunResult):
         return row
 
 
-def aggregate(ranks: Ranks, result: RunResult) -> DistributedRunResult:
-    """Every rank's figures gathered into one result (the same on every rank)."""
+def aggregate(ranks: Ranks, result: RunResult, data_parallel: tuple[int, int] | None = None) -> DistributedRunResult:
+    """Every rank's figures gathered into one result (the same on every rank); `data_parallel`: (index, ranks)
+    among the ranks that split each batch, where toggles that split the model set it (None: every rank)."""
     mine = dict(rank=ranks.rank, tokens_per_s=result.tokens_per_s, tokens_per_s_wall=result.tokens_per_s_wall,
                 step_ms=result.median_step_ms, peak_mem_bytes=result.peak_mem_bytes, mfu=result.mfu,
                 final_loss=result.final_loss, losses=result.losses, status=result.status)
@@ -208,7 +216,9 @@ def aggregate(ranks: Ranks, result: RunResult) -> DistributedRunResult:
     # same sync points on every rank: average the losses step by step
     out.losses = [(step, sum(r["losses"][k][1] for r in rows) / len(rows)) for k, (step, _) in enumerate(result.losses)]
     out.final_loss = out.losses[-1][1] if out.losses else None
-    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}), batch_size/{ranks.world_size} per rank: "
+    split = ranks.world_size if data_parallel is None else data_parallel[1]  # ranks that split the model share rows
+    rows = f", batch_size/{split} per rank" if split > 1 else ", the whole batch on every rank"
+    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}){rows}: "
                      f"tokens/s summed over ranks, peak memory of the largest rank, loss averaged over ranks")
     return out
 

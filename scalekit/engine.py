@@ -105,7 +105,7 @@ def _build_and_measure(cfg: RunConfig, hw, stack, group, result: RunResult, on_s
         _probe_cpu_memory(ctx, result, distributed.LocalTensorBytes if group else memory.LiveTensorBytes)
     _memory_breakdown(ctx, result, grads.grads_bytes)
     if group is not None:
-        result = distributed.aggregate(group, result)  # every rank's figures, gathered
+        result = distributed.aggregate(group, result, ctx.data_parallel)  # every rank's figures, gathered
     return result  # ctx goes with this frame: the toggles' teardown (LIFO) then frees the wrapped model
 
 

@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import IterableDataset
 
-from . import distributed, hardware
+from . import distributed, hardware, parallel
 from .config import RunConfig
 from .data import (
     CountedBatches,
@@ -70,7 +70,9 @@ def build_batches(ctx: BuildContext) -> None:
     for wrap in ctx.batch_wrappers:  # e.g. data_echo: each fetched batch used for several steps
         batches = wrap(batches)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
-    ctx.batches = distributed.shard_batches(batches, cfg.batch_size) if ctx.world_size > 1 else batches
+    # (tensor parallel ranks share their batch: the toggle says which ranks split it, read at the first batch)
+    ctx.batches = distributed.shard_batches(batches, cfg.batch_size, lambda: ctx.data_parallel) \
+        if ctx.world_size > 1 else batches
 
 
 def build_model(ctx: BuildContext) -> None:
@@ -98,10 +100,13 @@ def build_optimizer(ctx: BuildContext) -> None:
     params = [p for p in ctx.model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("nothing to train: every parameter of the model is frozen (requires_grad=False)")
-    if ctx.optimizer_factory is not None:
-        ctx.optimizer = ctx.optimizer_factory(params)
-    else:
-        ctx.optimizer = torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
+    def make(params: list) -> torch.optim.Optimizer:
+        if ctx.optimizer_factory is not None:
+            return ctx.optimizer_factory(params)
+        return torch.optim.AdamW(params, lr=ctx.config.lr, **ctx.optimizer_kwargs)
+
+    # ZeRO-1: the same optimizer, each rank stepping only its share of the weights
+    ctx.optimizer = parallel.zero_redundancy(params, make) if ctx.optimizer_state_sharded else make(params)
     ctx.stepper = OptimizerStep(ctx.optimizer, ctx.grad_scaler)
 
 

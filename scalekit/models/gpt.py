@@ -60,8 +60,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache=None, input_pos: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        hs = C // self.n_head
+        # (under tensor_parallel a rank holds n_head/ranks heads: the widths come from the tensors)
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        hs = q.shape[-1] // self.n_head
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -77,7 +78,7 @@ class CausalSelfAttention(nn.Module):
             att = att.masked_fill(~keep, float("-inf"))
             att = F.softmax(att, dim=-1)
             y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)
         return self.c_proj(y)
 
 

@@ -51,7 +51,10 @@ def estimate(config: RunConfig, device: str | None = None, world_size: int | Non
     spread = [n for n in cfg.toggles if TOGGLES[n].needs_process_group]
     world = _world_size(world_size) if spread else 1
     facts = plan_facts(cfg.toggles, world)
-    local = _one_rank(cfg, world, spread, facts.micro_batches)
+    if world % facts.tensor_parallel:
+        raise ConfigError(f"tensor_parallel={facts.tensor_parallel} does not fit {world} ranks: it must divide them")
+    # the ranks of a tensor-parallel group, and a pipeline's stages, share their rows
+    local = _one_rank(cfg, world // facts.tensor_parallel // facts.pipeline_stages, spread, facts.micro_batches)
     if cfg.custom_model or not facts.analytic:
         single = traced_estimate(local, facts, device_type, cfg.label, _quantized_shapes(local, facts, device_type))
     else:

@@ -104,21 +104,22 @@ class Shape:
         return -(-self.tokens // max(1, self.loss_chunks))
 
 
-def layer_activation_bytes(s: Shape, act: int, sdpa: bool, cuda: bool) -> int:
-    """Bytes one transformer block keeps for backward (Korthikanti's inventory, for this GPT)."""
+def layer_activation_bytes(s: Shape, act: int, sdpa: bool, cuda: bool, tp: int = 1) -> int:
+    """Bytes one transformer block keeps for backward (Korthikanti's inventory, for this GPT); with tensor
+    parallelism over `tp` ranks, what one rank keeps: the split layers' activations 1/tp, the norms' whole."""
     d, h, T = s.d, s.n_head, s.seq
     per_token = (2 * d * FP32  # the two LayerNorm inputs: the residual stream, fp32 even under autocast
                  + 2 * 2 * FP32  # their mean and rstd
-                 + 2 * d * act  # the LayerNorm outputs, kept by c_attn and c_fc
-                 + 4 * d * act + 4 * d * act  # c_fc output (kept by GELU) and GELU output (kept by c_proj)
-                 + d * act)  # the attention output, kept by c_proj
+                 + 2 * d * act)  # the LayerNorm outputs, kept by c_attn and c_fc
+    split = (4 * d * act + 4 * d * act  # c_fc output (kept by GELU) and GELU output (kept by c_proj)
+             + d * act)  # the attention output, kept by c_proj
     if sdpa:
-        per_token += 3 * d * act + h * FP32  # q, k, v (one buffer) and a log-sum-exp per head
+        split += 3 * d * act + h * FP32  # q, k, v (one buffer) and a log-sum-exp per head
     else:
         probs = FP32 + act if (cuda and act != FP32) else act  # CUDA autocast runs softmax in fp32
-        per_token += 3 * d * act + h * T * probs  # contiguous q, kᵀ, v copies; the T×T probabilities
+        split += 3 * d * act + h * T * probs  # contiguous q, kᵀ, v copies; the T×T probabilities
     mask = 0 if sdpa else T * T  # the inverted causal mask (bool) masked_fill keeps
-    return s.tokens * per_token + mask
+    return s.tokens * (per_token + split // tp) + mask
 
 
 def head_activation_bytes(s: Shape, act: int, stable_embedding: bool) -> int:
@@ -207,10 +208,11 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
     state = optimizer_state_bytes(optim, shapes.param_shapes, [shapes.embedding_index] if stable else [],
                                   shapes.block_matrices)
 
-    layer = layer_activation_bytes(s, act, sdpa, cuda)
+    layer = layer_activation_bytes(s, act, sdpa, cuda, facts.tensor_parallel)
     head = head_activation_bytes(s, act, stable)
     weights_16bit = shapes.linear_weights * act if act != FP32 else 0  # autocast's cached 16-bit weight copies
-    groups = block_groups(s.n_layer, facts.checkpointing)
+    # a pipeline stage keeps the activations of its own blocks only (the whole batch: every micro-batch in flight)
+    groups = block_groups(s.n_layer // facts.pipeline_stages, facts.checkpointing)
     saved = head + weights_16bit + sum((s.tokens * s.d * FP32) if c else n * layer for n, c in groups)
     block_grads = shapes.block_params * FP32
     backward = backward_peak_bytes(s, groups, layer, head, weights_16bit, grads_before=grads if k > 1 else 0,
@@ -221,7 +223,7 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
                     activations_bytes=peak - params - grads - state, peak_bytes=peak,
                     saved_activations_bytes=saved, flops_per_step=float(flops),
                     hardware_flops_per_step=float(hardware_flops), n_params=shapes.n_params,
-                    largest_block_bytes=shapes.block_params * FP32,
+                    largest_block_bytes=shapes.block_params * FP32, blocks_bytes=s.n_layer * shapes.block_params * FP32,
                     method="analytic: Korthikanti's per-layer inventory for this GPT, shapes from the model")
 
 

@@ -2,12 +2,22 @@
 
 The planner first plans one rank's step as a single process: the rank's slice of the batch, no
 distributed toggle.  Then it moves the parts the toggles say they move (their `plan` sets PlanFacts'
-`sharded`, `offloaded`, `gathers_blocks` and `grad_buckets`), as each strategy does:
+`sharded`, `offloaded`, `gathers_blocks`, `keeps_gathered` and `grad_buckets`), as each strategy does:
 - DDP keeps everything on every rank, plus its gradient buckets: a flat copy of every gradient
   (`gradient_as_bucket_view=False`, DDP's default).
 - FSDP2 keeps 1/W of the weights, gradients and optimizer state, and gathers one block's full weights at
   a time (two while the next is prefetched), reduce-scattering one block's gradients; CPU offload moves
   the shards to host memory.
+- scalekit's zero: ZeRO-1 (ZeroRedundancyOptimizer under DDP) shards the optimizer state and keeps DDP's
+  buckets; ZeRO-2 (FSDP2 without resharding after forward) holds 1/W of everything at rest, and the full
+  weights from forward to backward.
+- tensor_parallel splits each block's weights (and their gradients and state) over its degree; the ranks
+  of a group share one batch, so the rank is planned with batch / (ranks / degree).  Its activations are
+  planned at full width (the replicated norms and residuals are; the split attention and MLP are not):
+  an upper bound.  With fsdp too (2-D), fsdp shards over the data-parallel ranks: ranks / degree.
+- pipeline_parallel keeps 1/stages of the blocks per rank (the embeddings and head counted on every rank);
+  every stage sees the whole batch, and its activations are planned as one process's for the whole batch:
+  an upper bound (GPipe's last stage, with the head and every micro-batch in flight, comes closest).
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.
@@ -33,6 +43,15 @@ class Parts:
         return self.params + self.grads + self.state
 
 
+def split_blocks(full: Parts, blocks_bytes: int, degree: int) -> Parts:
+    """Tensor parallelism: the blocks' weights, and their gradients and optimizer state in proportion, 1/degree
+    per rank (the small replicated norms and biases counted as split: within a few per cent)."""
+    if degree == 1 or not full.params:
+        return full
+    kept = 1 - (1 - 1 / degree) * min(1.0, blocks_bytes / full.params)
+    return Parts(*(int(getattr(full, p) * kept) for p in PARTS))
+
+
 def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     """`single` (one rank's step planned as one process) with each part where the toggles put it (`facts`:
     scalekit.toggles.PlanFacts: which parts are split over the ranks, which live in host memory, whether
@@ -40,13 +59,17 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     block_bytes = single.largest_block_bytes
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
-    held = Parts(*(-(-getattr(full, p) // world) if p in facts.sharded else getattr(full, p) for p in PARTS))
+    full = split_blocks(full, single.blocks_bytes, facts.tensor_parallel * facts.pipeline_stages)
+    dp = world // facts.tensor_parallel // facts.pipeline_stages  # the ranks a sharding toggle splits over
+    held = Parts(*(-(-getattr(full, p) // dp) if p in facts.sharded else getattr(full, p) for p in PARTS))
     away = facts.offloaded if on_gpu else frozenset()
     device = Parts(*(0 if p in away else getattr(held, p) for p in PARTS))
     host = Parts(*(getattr(held, p) if p in away else 0 for p in PARTS))
     extra = full.grads if facts.grad_buckets else 0
     if facts.gathers_blocks:  # two gathered blocks (one prefetched), one block's gradients reduce-scattered
         extra += 2 * (block_bytes * facts.wrapper_param_bytes // FP32) + block_bytes
+    if facts.keeps_gathered:  # every block gathered in forward and kept to backward; one block's grads unsharded
+        extra += full.params * facts.wrapper_param_bytes // FP32 + block_bytes
     note = "; ".join(facts.rank_notes)
     if facts.offloaded and not on_gpu:
         note += "; on a CPU-only run the host is the device, so offloading saves nothing here"

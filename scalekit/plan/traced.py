@@ -84,6 +84,7 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
                     activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,
                     flops_per_step=step["flops"], hardware_flops_per_step=step["flops"],
                     n_params=sum(p.numel() for p in step["params"]), largest_block_bytes=step["block_bytes"],
+                    blocks_bytes=step["blocks_bytes"],
                     method="traced: one step on fake tensors, "
                     "live tensor bytes counted as the engine measures a CPU run", notes=notes)
 
@@ -166,6 +167,7 @@ def _trace(cfg, hw: Hardware, stack) -> dict:
     blocks = [sum(p.numel() for p in b.parameters()) for b in (ctx.blocks or [])]
     block_bytes = max(blocks, default=sum(p.numel() for p in params)) * 4  # fp32 weights of the largest block
     return dict(params=params, trainable=trainable, embedding_ids=embedding_ids, block_bytes=block_bytes,
+                blocks_bytes=sum(blocks) * 4,
                 backward_peak=before_update.get("peak", peak), peak=peak, grads=grads.grads_bytes or 0, flops=flops,
                 params_bytes=memory.storage_bytes([*params, *ctx.base_model.buffers()]),
                 state=memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer)))

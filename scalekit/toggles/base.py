@@ -101,6 +101,10 @@ class BuildContext:
     optimizer: torch.optim.Optimizer | None = None  # built over the final parameters (engine.build_optimizer)
     stepper: Any = None  # backward(loss, boundary) and step(): OptimizerStep, or an engine that owns them
     grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
+    optimizer_state_sharded: bool = False  # each rank steps and keeps the state of only its share of the weights (ZeRO-1)
+    # toggles that split the model (tensor/pipeline parallel) set it after the batches are built: read at the first batch
+    data_parallel: tuple[int, int] | None = None  # (this rank's index, ranks) among those splitting each batch; None: all
+    data_mesh: Any = None  # the mesh's data-parallel dimension where a toggle built a 2-D mesh (tensor_parallel): fsdp shards over it
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
     # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
     inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under
@@ -132,6 +136,9 @@ class PlanFacts:
     sharded: frozenset = frozenset()  # parts split over the ranks: of "params", "grads", "state"
     offloaded: frozenset = frozenset()  # parts kept in host memory (on a GPU): of "params", "grads", "state"
     gathers_blocks: bool = False  # one block's full weights gathered at a time (two while the next is prefetched)
+    keeps_gathered: bool = False  # every block's full weights stay gathered from its forward to its backward (ZeRO-2)
+    tensor_parallel: int = 1  # ranks each block's linear layers are split over (weights, gradients, state); they share a batch
+    pipeline_stages: int = 1  # stages the blocks are split into, one per rank; every stage sees the whole batch
     rank_notes: list[str] = field(default_factory=list)  # how the ranks hold the parts, said beside the plan
 
 

@@ -64,7 +64,12 @@ class DeepSpeed(Toggle):
 
     def available(self, hw) -> tuple[bool, str]:
         if hw.device_type != "cuda":
-            return False, "DeepSpeed runs here on CUDA GPUs only; this run is on the CPU"
+            # checked with DeepSpeed 0.19.8 and torch 2.13 on 2 gloo ranks: its CPU accelerator runs ZeRO 1-3, but its
+            # engine (stage 0 too) drifts from one process's training (losses 8e-4 apart by the third step), so
+            # on a CPU scalekit offers zero/fsdp, which match one process, instead
+            return False, ("scalekit runs DeepSpeed on CUDA GPUs only; this run is on the CPU, where DeepSpeed's CPU "
+                           "accelerator trains differently from one process (checked: 8e-4 apart in 3 steps): use "
+                           "zero='zero1'/'zero2' or fsdp, which match it")
         if importlib.util.find_spec("deepspeed") is None:
             return False, "DeepSpeed is not installed: pip install 'scalekit[deepspeed]' (it builds its ops on first use)"
         return True, ""

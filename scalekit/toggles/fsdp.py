@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 from ..checks import dict_or_none, one_of
 from ..distributed import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
+from ..parallel import shard_kwargs
 from .base import BuildContext, Call, Spelling, Toggle
 
 
 def fsdp_kwargs(ctx: BuildContext) -> dict:
     """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
-    kwargs: dict = {"mesh": init_device_mesh(ctx.device.type, (ctx.world_size,))}
-    if ctx.wrapper_param_dtype is not None:
-        # compute in the precision toggle's dtype, reduce gradients in fp32: the sharded fp32 weights stay
-        # the master copy
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=ctx.wrapper_param_dtype, reduce_dtype=torch.float32)
-    if ctx.offload_to_cpu:
-        # pinned host memory speeds the copies to a GPU; a CPU-only run has no device to pin for
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
-    return kwargs
+    # on a 2-D mesh (tensor_parallel built it) FSDP shards over the data-parallel dimension, as torchtitan does
+    mesh = ctx.data_mesh if ctx.data_mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
+    return shard_kwargs(ctx, mesh=mesh)
 
 
 def fsdp_fields(fields) -> tuple[list[str], dict] | None:

@@ -1,0 +1,90 @@
+"""Pipeline parallelism: the model's blocks split into stages, one per rank, micro-batches flowing through them."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..distributed import available_with_ranks, distributed_available, rank, release_model
+from ..errors import ConfigError
+from ..models.pipeline import (
+    LOOPED,
+    SCHEDULES,
+    STAGES_PER_RANK,
+    Pipeline,
+    bubble,
+    free_other_stages,
+    split_stages,
+)
+from .base import BuildContext, Spelling, Toggle
+
+MICRO_BATCHES = 4  # micro-batches per step unless the value says ("1f1b/8")
+
+
+def parse(value) -> tuple[str, int]:
+    schedule, _, count = str(value).partition("/")
+    return schedule, int(count) if count else MICRO_BATCHES
+
+
+class PipelineParallel(Toggle):
+    name = "pipeline_parallel"
+    summary = ("pipeline parallelism (torch.distributed.pipelining): the blocks split into one stage per rank, "
+               "each batch cut into micro-batches; '1f1b', 'gpipe' or 'interleaved' (2 stages per rank), '/m' for m "
+               "micro-batches ('1f1b/8')")
+    cost = "the bubble: each stage idles (stages-1)/(micro-batches+stages-1) of a step; activations sent between ranks"
+    helps_when = "the model's layers do not fit one device and the links between devices are slow (across nodes)"
+    group = "distributed"
+    kind = "memory"
+    phase = "wrap"
+    choices = ("1f1b", "gpipe", "interleaved")
+    needs_process_group = True
+    excludes = {name: "not composed with pipeline_parallel here" for name in
+                ("ddp", "fsdp", "zero", "tensor_parallel", "deepspeed", "compile", "checkpointing", "lora", "dora",
+                 "quantized_base")}
+    excludes = {**excludes, "grad_accum": "the pipeline cuts each batch into micro-batches itself: use "
+                                          "pipeline_parallel='1f1b/8' for 8 micro-batches"}
+
+    def validate(self, value, owner: str = "RunConfig"):
+        schedule, _, count = str(value).partition("/") if isinstance(value, str) else ("", "", "")
+        if value is True:
+            return self.choices[0]
+        if schedule in SCHEDULES and (not count or count.isdigit() and int(count) >= 1):
+            return value
+        raise ConfigError(f"{owner}.toggles['pipeline_parallel'] must be True, 'gpipe', '1f1b' or 'interleaved', "
+                          f"optionally with '/micro-batches' ('1f1b/8'); got {value!r}")
+
+    def available(self, hw) -> tuple[bool, str]:
+        return available_with_ranks("Pipeline parallelism")
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        return distributed_available()
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        schedule, micro = parse(value)
+        rows = ctx.config.batch_size
+        if rows % micro:
+            raise ConfigError(f"pipeline_parallel={value!r}: batch_size ({rows}) does not split into {micro} "
+                              f"micro-batches")
+        me, ranks = rank(), ctx.world_size
+        per_rank = STAGES_PER_RANK if schedule in LOOPED else 1
+        mine = split_stages(ctx.base_model, me, ranks, per_rank)
+        pipeline = Pipeline(ctx.base_model, mine, me, ranks, schedule, micro, ctx.device)
+        free_other_stages(ctx.base_model, mine)
+        ctx.model, ctx.loss_fn = nn.ModuleList(mine), pipeline  # what this rank trains: its stages
+        ctx.data_parallel = (0, 1)  # every stage sees the whole batch (the first its tokens, the last its targets)
+        ctx.stack.callback(release_model, ctx)
+        # interleaving v stages per rank divides the bubble by v (Narayanan et al., 2021, section 2.2.2)
+        idle = bubble(ranks, micro) / per_rank
+        ctx.notes.append(f"pipeline_parallel: {len(mine[0].h)} blocks per stage, {per_rank} stage(s) on each of "
+                         f"{ranks} ranks, {schedule}, {micro} micro-batches: bubble {idle:.0%} of the step")
+
+    def plan(self, facts, value) -> None:
+        facts.pipeline_stages = facts.world_size
+        facts.rank_notes.append(f"pipeline_parallel: 1/{facts.world_size} of the blocks per rank (the embeddings on "
+                                f"the first stage, the head on the last), activations of the micro-batches in flight")
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        return Spelling(missing="pipeline parallelism is set up with torch.distributed.pipelining around the model "
+                                "(no Trainer, Accelerate or Lightning option carries it)")
+
+
+TOGGLE = PipelineParallel()

@@ -1,0 +1,81 @@
+"""Tensor parallelism (Megatron-style): each block's linear layers split over ranks that share one batch.
+
+With fsdp on too, the ranks form a 2-D (data parallel, tensor parallel) mesh, checked here against the number of
+ranks: tensor_parallel splits each block within a row of it, then fsdp (after it in ORDER) shards over its
+columns — torchtitan's order (TP, then FSDP).
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..distributed import available_with_ranks, distributed_available, rank, release_model
+from ..errors import ConfigError
+from ..models.tensor_parallel import parallelize
+from .base import BuildContext, Spelling
+from .counted import CountToggle
+
+DEGREES = (2, 4, 8)
+
+
+def tp_mesh(device_type: str, world: int, degree: int):
+    """The ranks as (data parallel, tensor parallel): consecutive ranks split each block; refused up front
+    (naming the numbers) when the degree does not divide the ranks."""
+    if world % degree:
+        raise ConfigError(f"tensor_parallel={degree} does not fit {world} ranks: the ranks form a (data parallel, "
+                          f"tensor parallel) mesh of shape ({world}/{degree}, {degree}), so {degree} must divide {world}")
+    return init_device_mesh(device_type, (world // degree, degree), mesh_dim_names=("dp", "tp"))
+
+
+class TensorParallel(CountToggle):
+    name = "tensor_parallel"
+    summary = ("Megatron-style tensor parallelism: attention's and the MLP's widening linears split by columns, "
+               "their output linears by rows (torch.distributed.tensor.parallel); the degree is ranks per block")
+    cost = "two all-reduces of the activations per block in forward and two in backward: needs fast links (NVLink)"
+    helps_when = "one block's weights or activations are too large for a device, or batches too small to split further"
+    group = "distributed"
+    kind = "memory"
+    phase = "wrap"
+    choices = DEGREES  # offered in menus; any degree that divides the ranks and the heads is taken
+    default = 2
+    unit = "ranks per tensor-parallel group (the degree)"
+    needs_process_group = True
+    excludes = {"ddp": "tensor parallel ranks share one batch: DDP would average their identical gradients (use "
+                       "fsdp for a 2-D mesh: fsdp + tensor_parallel)",
+                "deepspeed": "DeepSpeed's engine does not take tensor-parallel DTensors here",
+                "zero": "zero1/zero2 are not composed with tensor_parallel here (fsdp is: a 2-D mesh)",
+                "compile": "not composed here: compile the tensor-parallel blocks in a later version",
+                "lora": "adapters are not split by the plan", "dora": "adapters are not split by the plan",
+                "quantized_base": "quantized layers are not split by the plan",
+                "checkpointing": "not composed here yet (checkpointing wraps the blocks tensor_parallel splits)"}
+
+    def available(self, hw) -> tuple[bool, str]:
+        return available_with_ranks("Tensor parallelism")
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        return distributed_available()
+
+    def apply(self, ctx: BuildContext, value: int) -> None:
+        mesh = tp_mesh(ctx.device.type, ctx.world_size, value)
+        blocks = parallelize(ctx.base_model, mesh["tp"], value)
+        dp = ctx.world_size // value
+        ctx.data_parallel = (rank() // value, dp)  # the ranks of one tensor-parallel group share their rows
+        ctx.data_mesh = mesh["dp"]  # fsdp, applied next (ORDER), shards over it: a 2-D (dp, tp) mesh
+        ctx.stack.callback(release_model, ctx)
+        ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks; batch split {dp} ways")
+
+    def plan(self, facts, value: int) -> None:
+        facts.tensor_parallel = value
+        facts.rank_notes.append(f"tensor_parallel: 1/{value} of each block's weights, gradients and optimizer state "
+                                f"per rank, the rest replicated; the ranks of a group share their batch")
+
+    def spelling(self, target, value: int, cfg) -> Spelling:
+        if target == "hf":
+            return Spelling(model_kwargs={"tp_plan": "'auto'"},
+                            notes=(f"tensor_parallel={value}: transformers applies the model's own tp_plan when "
+                                   f"launched with torchrun over {value} ranks",))
+        return Spelling(missing=f"{'Accelerate' if target == 'accelerate' else 'Lightning'}: tensor parallelism "
+                                f"is set up on the model with torch's parallelize_module (not a launcher option)")
+
+
+TOGGLE = TensorParallel()
