@@ -17,5 +17,6 @@ fi
 
 export SCALEKIT_CACHE="${SCALEKIT_CACHE:-$(mktemp -d)}"
 # one worker per core (pytest-xdist), each test file and each notebook kept whole on one worker (a notebook's cells
-# share one kernel; the forking test files, which go first, run before anything in their worker imports bitsandbytes)
-python3 -m pytest -n "${SCALEKIT_TEST_WORKERS:-auto}" --dist loadfile --nbval-lax tests notebooks "$@"
+# share one kernel), in the order collected: the forking test files go first, before anything in their worker imports
+# bitsandbytes (xdist would otherwise send the files with the most tests first)
+python3 -m pytest -n "${SCALEKIT_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --nbval-lax tests notebooks "$@"
