@@ -42,7 +42,10 @@ def test_the_weights_are_plain_fp32_tensors_loadable_with_weights_only():
 
 def test_the_model_matches_its_provenance(model, info, tokenizer):
     assert NAME in PRETRAINED_NAMES
-    assert dataclasses.asdict(model.config) == info["config"]
+    config = dataclasses.asdict(model.config)
+    # fields GPTConfig gained after the model was trained are at their defaults (they change nothing it computes)
+    later = {f.name: f.default for f in dataclasses.fields(model.config) if f.name not in info["config"]}
+    assert config == {**info["config"], **later}
     assert not model.training
     assert sum(p.numel() for p in model.parameters()) == info["parameters"]
     assert state_dict_sha256(model.state_dict()) == info["state_dict_sha256"]
