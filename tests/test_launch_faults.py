@@ -149,6 +149,9 @@ def test_garbage_with_threads_left_by_an_earlier_launch_does_not_crash_the_next_
 # -- time limits ------------------------------------------------------------------------------------------
 def _hangs(in_collective: bool):
     dist.init_process_group("gloo")
+    # both ranks connected before either goes its way: a rank 0 that finished while rank 1 was still connecting
+    # would make rank 1 fail ("connection closed by peer") instead of hang
+    dist.barrier()
     if dist.get_rank() == 1:
         time.sleep(600)  # hangs
     if in_collective:
