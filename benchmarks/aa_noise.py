@@ -17,6 +17,8 @@ is `false_claims=K/N` (A/A) or `detected=K/N` (with --slowdown).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,8 +62,13 @@ def config(label: str, sleep_s: float = 0.0) -> RunConfig:
                      label=label)
 
 
-def busy_loop() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+def busy_loop() -> int:
+    """A busy loop that is another process, not this one's child (the shell that starts it exits at once), as another
+    user's job on a shared machine would be: scalekit's load meter counts it, and the run's threads leave it its core.
+    (A child of this process would be taken for this run's own helper, as a DataLoader worker is.)"""
+    shell = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, timeout=10, check=True)
+    return int(shell.stdout.strip())
 
 
 def main() -> None:
@@ -74,8 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     loop = busy_loop() if args.load else None
     try:
-        time.sleep(0.5 if loop else 0.0)  # the loop is running before threads are chosen
-        print(f"torch {torch.__version__}; {auto_threads()} thread(s); busy loop beside: {bool(loop)}; "
+        time.sleep(1.0 if loop else 0.0)  # the loop is running before threads are chosen
+        print(f"torch {torch.__version__}; {auto_threads()} thread(s); busy loop beside: {loop is not None}; "
               f"{args.comparisons} comparisons × {args.repeats} rounds")
         meter = LoadMeter()
         found = verdicts(args)
@@ -83,8 +90,7 @@ def main() -> None:
         print(f"other processes used {load.other_cpu_cores:.2f} of {load.cores} cores on average")
     finally:
         if loop is not None:
-            loop.kill()
-            loop.wait()
+            os.kill(loop, signal.SIGKILL)
     if args.slowdown:
         print(f"detected={sum(v == 'slower' for v in found)}/{len(found)}")
     else:
