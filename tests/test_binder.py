@@ -112,7 +112,7 @@ def _optional_imports(tree) -> set[int]:
 
 def _notebook_imports() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
             if cell["cell_type"] != "code":
                 continue

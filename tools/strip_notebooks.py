@@ -1,6 +1,6 @@
 """Strip outputs, execution counts and widget state from notebooks, so they are committed clean.
 
-    python tools/strip_notebooks.py                 # strip every notebooks/*.ipynb in place
+    python tools/strip_notebooks.py                 # strip every notebook under notebooks/ in place
     python tools/strip_notebooks.py --check         # list notebooks that are not clean; exit 1 if any
     python tools/strip_notebooks.py a.ipynb b.ipynb # only these
 
@@ -52,10 +52,10 @@ def write(nb: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", type=Path, help="notebooks (default: notebooks/*.ipynb)")
+    parser.add_argument("paths", nargs="*", type=Path, help="notebooks (default: every .ipynb under notebooks/, solutions included)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook is not clean")
     args = parser.parse_args(argv)
-    paths = args.paths or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    paths = args.paths or sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
     dirty = 0
     for path in paths:
         nb = json.loads(path.read_text(encoding="utf-8"))
