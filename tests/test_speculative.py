@@ -220,3 +220,18 @@ def test_a_hugging_face_model_keeps_an_hqq_int8_cache_or_says_why_not(llama, mon
     monkeypatch.setattr(hf_generation.importlib.util, "find_spec", lambda name: None if name == "hqq" else real(name))
     ok, why = hf_generation.kv_cache_support(type(target.build()), "dynamic-int8")
     assert not ok and "hqq is not installed" in why
+
+
+def test_the_ladder_skips_the_draft_rung_on_a_model_of_another_tokenizer_with_the_reason():
+    from scalekit.inference import inference_ladder
+    from scalekit.toggles import TOGGLES
+
+    base = GenerateConfig(model="tiny-vocab50k", max_new_tokens=3, **QUICK)
+    ok, why = TOGGLES["speculative"].config_applies(base, "draft")
+    assert not ok and "reads 65 token ids and the model 50304" in why
+    assert TOGGLES["speculative"].config_applies(base, "prompt_lookup") == (True, "")
+    assert TOGGLES["speculative"].config_applies(GenerateConfig(**QUICK), "draft") == (True, "")
+    rows = inference_ladder(base, rungs=(("+ speculative (draft)", {"speculative": "draft"}),
+                                         ("+ prompt lookup", {"speculative": "prompt_lookup"})))
+    assert [r.status for r in rows] == ["ok", "skipped", "ok"], [(r.label, r.error) for r in rows]
+    assert "share the model's tokenizer" in rows[1].error and "\n" not in rows[1].error

@@ -21,6 +21,7 @@ from ..families import generation_family
 from ..models import GPT, PRESETS, GPTConfig
 from ..models.blocks import find_blocks
 from ..models.pretrained import PRETRAINED_NAMES, load_pretrained, pretrained_info
+from ..models.speculative import tokenizer_mismatch
 from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
 from .config import GenerateConfig
 from .weights import weight_bytes
@@ -85,11 +86,10 @@ def build_draft(ctx: BuildContext) -> None:
     else:
         family = generation_family(spec.draft).copy()
         model = family.build()
-    ours, theirs = cfg.vocab_size(), family.vocab_size
-    if ours is not None and theirs is not None and ours != theirs:
-        name = spec.draft if isinstance(spec.draft, str) else family.family
-        raise ConfigError(f"GenerateConfig.toggles['speculative']: the draft {name} reads {theirs} token ids and "
-                          f"the model {ours}; a draft must share the model's tokenizer")
+    why = tokenizer_mismatch(cfg.vocab_size(), family.vocab_size,
+                             spec.draft if isinstance(spec.draft, str) else family.family)
+    if why:
+        raise ConfigError(why)
     ctx.draft = (family, model.to(ctx.device).eval())
 
 

@@ -85,6 +85,10 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
             keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name), None)
             continue
         cfg = dataclasses.replace(base_cfg, toggles={**on, **toggles}, label=label)
+        why = _not_for_this_config(cfg, toggles)
+        if why:
+            keep(GenerateResult(label=label, config={}, status="skipped", error=why, device=hw.device_name), None)
+            continue
         result = generate(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
         if result.status not in ("failed",):
             on.update(toggles)  # climbed: the rungs above keep it
@@ -93,6 +97,16 @@ def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFER
                                                 catch_errors=True),
                 repeats, stop=stop, on_status=on_status)
     return results
+
+
+def _not_for_this_config(cfg: GenerateConfig, toggles: dict) -> str:
+    """Why a rung's toggles cannot apply to this config, known before building (a draft of another tokenizer)."""
+    for name, value in toggles.items():
+        if value is not False:
+            ok, why = TOGGLES[name].config_applies(cfg, value)
+            if not ok:
+                return why
+    return ""
 
 
 def _rung_toggles(change: dict, hw, family=None) -> tuple[dict, str]:

@@ -37,6 +37,15 @@ class Speculation:
     ngram: int = DEFAULT_NGRAM  # mode "prompt_lookup": the longest n-gram searched for (down to 1)
 
 
+def tokenizer_mismatch(model_vocab: int | None, draft_vocab: int | None, draft_name: str) -> str:
+    """Why `draft_name` cannot draft for the model ('' when it can, or when either side does not say): a draft
+    must read the model's token ids."""
+    if model_vocab is None or draft_vocab is None or model_vocab == draft_vocab:
+        return ""
+    return (f"GenerateConfig.toggles['speculative']: the draft {draft_name} reads {draft_vocab} token ids and the "
+            f"model {model_vocab}; a draft must share the model's tokenizer")
+
+
 def lookup_draft(seq: torch.Tensor, k: int, max_ngram: int = DEFAULT_NGRAM) -> torch.Tensor:
     """Up to k tokens that followed the first earlier occurrence of the sequence's last n tokens (n from
     max_ngram down to 1), as transformers' prompt lookup picks them; empty when nothing matches.  seq: (T,)."""

@@ -290,6 +290,12 @@ class Toggle:
         `applies_to` says.  A toggle whose modes a family takes one by one (KV cache kinds) answers per mode."""
         return self.applies_to(adapter)
 
+    def config_applies(self, config: Any, value: Any) -> tuple[bool, str]:
+        """Whether it applies with `value` to this whole config, where that is known before anything is built
+        (a second model it needs must read the same token ids, ...); asked by the ladders so such a rung is
+        skipped with the reason instead of failing.  By default: yes."""
+        return True, ""
+
     def validate(self, value: Any, owner: str = "RunConfig") -> Any:
         """Normalise a user's value (True, or one of `choices`); raise ConfigError naming the allowed values (and
         `owner`, the config the value was given to)."""

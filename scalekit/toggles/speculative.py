@@ -6,8 +6,15 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError, ToggleUnavailable
 from ..models.presets import PRESETS
-from ..models.pretrained import PRETRAINED_NAMES
-from ..models.speculative import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_NGRAM, MODES, Speculation
+from ..models.pretrained import PRETRAINED_NAMES, pretrained_info
+from ..models.speculative import (
+    DEFAULT_DRAFT,
+    DEFAULT_K,
+    DEFAULT_NGRAM,
+    MODES,
+    Speculation,
+    tokenizer_mismatch,
+)
 from .base import BuildContext, Toggle, Tune
 
 DRAFT_NAMES = tuple(dict.fromkeys((*PRETRAINED_NAMES, *PRESETS)))  # the shipped models, then the presets
@@ -39,6 +46,15 @@ class Speculative(Toggle):
         spec = parse(value, owner)
         return canonical(spec) if isinstance(spec.draft, str) else DraftModel(draft=spec.draft, k=spec.k)
 
+    def config_applies(self, config, value) -> tuple[bool, str]:
+        """A draft named by a shipped model or a preset must read the model's token ids: known from the names,
+        before anything is built (a draft given as a model object is checked when it is built)."""
+        spec = value if isinstance(value, Speculation) else parse(value)
+        if spec.mode != "draft" or not isinstance(spec.draft, str) or not hasattr(config, "vocab_size"):
+            return True, ""
+        why = tokenizer_mismatch(config.vocab_size(), named_vocab_size(spec.draft), spec.draft)
+        return not why, why
+
     def apply(self, ctx: BuildContext, value) -> None:
         spec = value if isinstance(value, Speculation) else parse(value)
         prompts = ctx.config.prompt_ids()
@@ -50,6 +66,11 @@ class Speculative(Toggle):
             raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
         ctx.speculative = spec  # the decode loop builds the draft model and runs the speculative loop
         ctx.notes.append(f"speculative: {describe(spec)}")
+
+
+def named_vocab_size(name: str) -> int:
+    """Token ids a shipped model or a preset reads, from its name alone."""
+    return pretrained_info(name)["config"]["vocab_size"] if name in PRETRAINED_NAMES else PRESETS[name].vocab_size
 
 
 class DraftModel(dict):
