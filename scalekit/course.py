@@ -53,7 +53,7 @@ QUIET_WARNINGS = [
     (FutureWarning, r".*"),
     (DeprecationWarning, r".*"),
 ]
-QUIET_LOGGERS = ["transformers", "torch._dynamo", "torch._inductor", "torchao", "hqq", "peft", "accelerate",
+QUIET_LOGGERS = ["torch.utils._pytree", "transformers", "torch._dynamo", "torch._inductor", "torchao", "hqq", "peft", "accelerate",
                  "torch.distributed", "bitsandbytes"]
 
 
@@ -149,7 +149,10 @@ class Table:
         self.frame = frame
 
     def _repr_html_(self) -> str:
-        return self.frame.to_html(na_rep="", max_cols=None, max_rows=None, notebook=True)
+        import pandas as pd
+
+        with pd.option_context("display.max_colwidth", None):  # pandas cuts a cell at 50 characters otherwise
+            return self.frame.to_html(na_rep="", max_cols=None, max_rows=None, notebook=True)
 
     def __repr__(self) -> str:
         return self.frame.to_string(na_rep="", max_cols=None, max_rows=None, max_colwidth=None)

@@ -18,12 +18,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
+WIDGET = "application/vnd.jupyter.widget-view+json"
 NOISE = [
     (re.compile(r"Warning:|warnings\.warn|UserWarning|FutureWarning|DeprecationWarning"), "a warning"),
     (re.compile(r"Traceback \(most recent call last\)"), "a traceback"),
     (re.compile(r"^'[^'\n]*'$", re.M), "a bare return value"),
     (re.compile(r"<[A-Za-z_.]+ (object )?at 0x[0-9a-f]+>"), "an object repr"),
-    (re.compile(r" \.\.\.  |…|\[\d+ rows x \d+ columns\]"), "a table cut short"),
+    (re.compile(r" \.\.\.  |\.\.\.</td>|<td>\.\.\.|\[\d+ rows x \d+ columns\]|\d+ rows × \d+ columns"),
+     "a table cut short"),
     (re.compile(r"USDT|\[W[0-9]{3,}|STAGE:"), "profiler or C++ log lines"),
 ]
 
@@ -46,7 +48,11 @@ def noise(nb) -> list[str]:
     found = []
     for i, cell in enumerate(nb.cells):
         for output in cell.get("outputs", []):
-            text = output.get("text") or "".join(output.get("data", {}).get("text/plain", ""))
+            data = output.get("data", {})
+            if WIDGET in data:  # a live widget: its plain-text fallback is not what a reader sees
+                continue
+            # what a static page shows: the HTML where there is some (a table cut by pandas shows there)
+            text = output.get("text") or "".join(data.get("text/html", "")) or "".join(data.get("text/plain", ""))
             for pattern, what in NOISE:
                 match = pattern.search(text)
                 if match:
