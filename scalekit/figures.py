@@ -87,3 +87,28 @@ def step_time_figure(results_or_rows, title: str = "Time per step: waiting for d
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step", legend_title_text="part",
                       margin=dict(t=60, b=40), height=380)
     return fig
+
+
+def decode_growth_figure(results, kv_bytes: dict, title: str = "Generating token after token: time and KV cache"):
+    """Two panels against tokens generated: the cumulative decode time of each generation (s), and the bytes its
+    KV cache holds (`kv_bytes`: label → bytes after each token).  Without a cache every step re-reads the whole
+    sequence, so its cumulative time bends upward (quadratic); with one it grows in a straight line."""
+    import itertools
+
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("cumulative decode time (s)", "KV cache (MiB)"))
+    colours = itertools.cycle(["#E45756", "#4C78A8", "#54A24B", "#F58518", "#B279A2"])
+    for r in results:
+        colour = next(colours)
+        total = list(itertools.accumulate(ms / 1e3 for ms in r.token_ms))
+        tokens = list(range(2, len(total) + 2))  # decode step i makes token i + 1 (the first came from the prefill)
+        fig.add_scatter(x=tokens, y=total, name=r.label, mode="lines", line_color=colour, legendgroup=r.label,
+                        row=1, col=1)
+        held = kv_bytes.get(r.label)
+        if held is not None:
+            fig.add_scatter(x=list(range(1, len(held) + 1)), y=[b / MIB for b in held], name=r.label, mode="lines",
+                            line_color=colour, legendgroup=r.label, showlegend=False, row=1, col=2)
+    fig.update_xaxes(title_text="tokens generated")
+    fig.update_layout(title=title, height=360, margin=dict(t=70, b=40))
+    return fig

@@ -36,10 +36,10 @@ METHODS: dict[str, tuple[str, str]] = {
                                 "quantized again (QLoRA's format)"),
     "bnb-fp4": ("bitsandbytes", "bitsandbytes 4-bit float (Linear4bit, fp4): blocks of 64, absmax quantized "
                                 "again"),
-    "hqq-8bit": ("hqq", "HQQ 8-bit: scale and zero point per group of 64 fitted by half-quadratic "
-                        "optimization, no calibration data"),
-    "hqq-4bit": ("hqq", "HQQ 4-bit: scale and zero point per group of 64 fitted without calibration data"),
-    "hqq-2bit": ("hqq", "HQQ 2-bit: scale and zero point per group of 64 fitted without calibration data"),
+    "hqq-8bit": ("hqq", "HQQ 8-bit: per group of 64, a min-max scale and a zero point fitted by "
+                        "half-quadratic optimization (hqq's default solver moves only the zero), no calibration data"),
+    "hqq-4bit": ("hqq", "HQQ 4-bit: per group of 64, a min-max scale and a fitted zero point, no calibration data"),
+    "hqq-2bit": ("hqq", "HQQ 2-bit: per group of 64, a min-max scale and a fitted zero point, no calibration data"),
     "torch-dynamic-int8": ("torch", "torch.ao quantize_dynamic: int8 weights (one scale per tensor), "
                                     "activations quantized per batch, fbgemm int8 matmuls (CPU)"),
     "gptq": ("gptqmodel", "GPTQ: weights rounded column by column, the error compensated with second-order "
@@ -180,6 +180,9 @@ def bnb_linear(linear: torch.nn.Module, mode: str, compute_dtype: torch.dtype, i
 
 
 def hqq_linear(linear: torch.nn.Linear, compute_dtype: torch.dtype, nbits: int) -> torch.nn.Module:
+    """An HQQLinear of `linear` at `nbits`, groups of 64 values.  hqq (0.2.x) starts each group from its min-max
+    scale and zero point, then its default solver (`optimize_weights_proximal_legacy`) moves only the zero point,
+    a few half-quadratic steps that shrink an lp-norm (p < 1) of the weight error; the scale stays min-max."""
     hqq = quiet_import("hqq.core.quantize")
     config = hqq.BaseQuantizeConfig(nbits=nbits, group_size=64)
     return hqq.HQQLinear(copy.deepcopy(linear), quant_config=config, compute_dtype=compute_dtype,
