@@ -10,7 +10,10 @@ is counted once: on a GPU the kernel time an op launched, on the CPU the op's ow
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +111,10 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
         for _ in range(warmup_steps):  # compile, allocator and caches warm up outside the profile
             train_step(ctx, next(ctx.batches))
         synchronize(ctx.device)
-        with profile(activities=activities) as prof:
+        prof = profile(activities=activities)
+        with without_kineto_banner():
+            prof.start()
+        try:
             t0 = time.perf_counter()
             for _ in range(steps):
                 with record_function(STEP_RANGE):
@@ -117,6 +123,9 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
                     train_step(ctx, batch)
             synchronize(ctx.device)  # a GPU may still be working after the host has queued the last step
             wall_s = time.perf_counter() - t0
+        finally:
+            with without_kineto_banner():
+                prof.stop()
     if trace_path is not None:
         trace_path = Path(trace_path)
         trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +137,35 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
                        step_ms=wall_s / steps * 1e3, host_step_ms=sum(step_us) / len(step_us) / 1e3,
                        trace_path=trace_path,
                        events=prof.key_averages())
+
+
+# what kineto (torch.profiler's C++ side) writes to the process's stderr each time a profile starts and stops,
+# e.g. "USDT:2026-12-02 07:52:29 13227:13227 SyncActivityProfilerHandler.cpp:52] profiler_start"
+KINETO_BANNER = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def without_kineto_banner():
+    """Keep kineto's profiler_start/profiler_stop lines off stderr (a notebook shows them under the cell).
+
+    They are written by C++ straight to file descriptor 2, below anything Python can redirect, and
+    KINETO_LOG_LEVEL only counts if set before the process's first profile (and then silences kineto's
+    errors too).  So fd 2 goes to a file for the block, and every other line is written back to stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not KINETO_BANNER.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def op_table(prof, steps: int, on_gpu: bool):
