@@ -27,6 +27,7 @@ from .engine import build, train_step
 from .hardware import detect
 from .measure.memory import LiveTensorBytes
 from .measure.session import pin_threads
+from .measure.stats import Interval, sentence, speedup_interval, too_few_steps
 from .measure.timing import Spread, step_timer, synchronize
 
 STEP_RANGE = "scalekit.step"
@@ -216,6 +217,29 @@ def time_ms(fn, device: torch.device | str = "cpu", reps: int = 10, warmup: int 
         fn()
         timer.stop()
     return Spread.of(timer.collect())
+
+
+def call_finding(subject: str, fn, other: str, base_fn, device: torch.device | str = "cpu", reps: int = 15,
+                 warmup: int = 2) -> tuple[str, Interval | None]:
+    """Whether `fn()` is faster than `base_fn()`, in the words its 95% interval allows (scalekit.measure.stats
+    .sentence): '<subject> is faster than <other>: 1.8× (1.6–2.0× at 95%, one run each)', '... slower ...' or
+    '... within noise of ...', and the interval.  The two calls alternate, `reps` times each after `warmup`
+    each, so a machine that slows down meanwhile slows both."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        base_fn()
+        fn()
+    synchronize(device)
+    timers = step_timer(device), step_timer(device)
+    for _ in range(reps):
+        for timer, call in zip(timers, (base_fn, fn), strict=True):
+            timer.start()
+            call()
+            timer.stop()
+    base_ms, ms = (t.collect() for t in timers)
+    interval = speedup_interval([base_ms], [ms])
+    why = too_few_steps([base_ms], [ms]) if interval is None else ""
+    return sentence(subject, interval, other) + (f" ({why})" if why else ""), interval
 
 
 def peak_bytes(fn, device: torch.device | str = "cpu") -> int:
