@@ -10,7 +10,10 @@ is counted once: on a GPU the kernel time an op launched, on the CPU the op's ow
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from .engine import build, train_step
 from .hardware import detect
 from .measure.memory import LiveTensorBytes
 from .measure.session import pin_threads
+from .measure.stats import Interval, sentence, speedup_interval, too_few_steps
 from .measure.timing import Spread, step_timer, synchronize
 
 STEP_RANGE = "scalekit.step"
@@ -108,7 +112,10 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
         for _ in range(warmup_steps):  # compile, allocator and caches warm up outside the profile
             train_step(ctx, next(ctx.batches))
         synchronize(ctx.device)
-        with profile(activities=activities) as prof:
+        prof = profile(activities=activities)
+        with without_kineto_banner():
+            prof.start()
+        try:
             t0 = time.perf_counter()
             for _ in range(steps):
                 with record_function(STEP_RANGE):
@@ -117,6 +124,9 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
                     train_step(ctx, batch)
             synchronize(ctx.device)  # a GPU may still be working after the host has queued the last step
             wall_s = time.perf_counter() - t0
+        finally:
+            with without_kineto_banner():
+                prof.stop()
     if trace_path is not None:
         trace_path = Path(trace_path)
         trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +138,35 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
                        step_ms=wall_s / steps * 1e3, host_step_ms=sum(step_us) / len(step_us) / 1e3,
                        trace_path=trace_path,
                        events=prof.key_averages())
+
+
+# what kineto (torch.profiler's C++ side) writes to the process's stderr each time a profile starts and stops,
+# e.g. "USDT:2026-12-02 07:52:29 13227:13227 SyncActivityProfilerHandler.cpp:52] profiler_start"
+KINETO_BANNER = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def without_kineto_banner():
+    """Keep kineto's profiler_start/profiler_stop lines off stderr (a notebook shows them under the cell).
+
+    They are written by C++ straight to file descriptor 2, below anything Python can redirect, and
+    KINETO_LOG_LEVEL only counts if set before the process's first profile (and then silences kineto's
+    errors too).  So fd 2 goes to a file for the block, and every other line is written back to stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not KINETO_BANNER.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def op_table(prof, steps: int, on_gpu: bool):
@@ -178,6 +217,29 @@ def time_ms(fn, device: torch.device | str = "cpu", reps: int = 10, warmup: int 
         fn()
         timer.stop()
     return Spread.of(timer.collect())
+
+
+def call_finding(subject: str, fn, other: str, base_fn, device: torch.device | str = "cpu", reps: int = 15,
+                 warmup: int = 2) -> tuple[str, Interval | None]:
+    """Whether `fn()` is faster than `base_fn()`, in the words its 95% interval allows (scalekit.measure.stats
+    .sentence): '<subject> is faster than <other>: 1.8× (1.6–2.0× at 95%, one run each)', '... slower ...' or
+    '... within noise of ...', and the interval.  The two calls alternate, `reps` times each after `warmup`
+    each, so a machine that slows down meanwhile slows both."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        base_fn()
+        fn()
+    synchronize(device)
+    timers = step_timer(device), step_timer(device)
+    for _ in range(reps):
+        for timer, call in zip(timers, (base_fn, fn), strict=True):
+            timer.start()
+            call()
+            timer.stop()
+    base_ms, ms = (t.collect() for t in timers)
+    interval = speedup_interval([base_ms], [ms])
+    why = too_few_steps([base_ms], [ms]) if interval is None else ""
+    return sentence(subject, interval, other) + (f" ({why})" if why else ""), interval
 
 
 def peak_bytes(fn, device: torch.device | str = "cpu") -> int:

@@ -72,3 +72,40 @@ def test_peak_bytes_sees_temporaries_freed_before_the_end():
 
     peak = peak_bytes(fn)
     assert 2**20 <= peak < 2 * 2**20
+
+
+def test_the_profiler_banner_stays_off_stderr_and_other_lines_do_not():
+    # kineto writes "USDT:... profiler_start" to fd 2 from C++; a notebook shows it under the cell
+    import subprocess
+    import sys
+
+    code = ("import os, torch\n"
+            "from scalekit import RunConfig\n"
+            "from scalekit.profiling import profile_steps, without_kineto_banner\n"
+            "profile_steps(RunConfig(preset='tiny', device='cpu', threads=1), steps=1, warmup_steps=0)\n"
+            "with without_kineto_banner():\n"
+            "    os.write(2, b'USDT:2026 1:1 X.cpp:52] profiler_start\\nan error of the reader\\'s own\\n')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "profiler_start" not in done.stderr and "USDT" not in done.stderr
+    assert "an error of the reader's own" in done.stderr
+
+
+def test_call_finding_says_which_call_is_faster():
+    import time
+
+    from scalekit.profiling import call_finding
+
+    def quick():
+        time.sleep(0.002)
+
+    def slow():
+        time.sleep(0.02)
+
+    text, interval = call_finding("quick", quick, "slow", slow, reps=6, warmup=1)
+    assert text.startswith("quick is faster than slow: ") and "at 95%" in text
+    assert interval.low > 2  # 10× less sleep: even a busy machine cannot make that within noise
+    text, interval = call_finding("slow", slow, "quick", quick, reps=6, warmup=1)
+    assert text.startswith("slow is slower than quick") and interval.high < 0.5
+    text, interval = call_finding("quick", quick, "slow", slow, reps=3, warmup=0)
+    assert interval is None and "too few" in text  # no interval from three calls each, and it says so
