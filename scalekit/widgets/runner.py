@@ -260,8 +260,8 @@ class Runner:
             self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
         else:
             self._say_outcome(key, result)
-            if result.busy_note:  # beside the figures, not only in the table's note
-                self._say(f"Run {key}: {result.busy_note}.")
+            if result.busy_note:  # beside the figures, not only in the table's note; after what the run said
+                self._say(f"Run {key}: {result.busy_note}.", append=True)
         self.table.value = self._html(self.results)
         self._show_result(result)
         if self._snapshot_handle is not None:
@@ -299,9 +299,10 @@ class Runner:
         self._note_status(text)
         self.status.value = html.escape(text)
 
-    def _say(self, text: str, error: bool = False) -> None:
+    def _say(self, text: str, error: bool = False, append: bool = False) -> None:
         colour = "#b91c1c" if error else "#374151"
-        self.message.value = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
+        said = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
+        self.message.value = f"{self.message.value} {said}".strip() if append else said
 
     def _saved(self, path: str) -> None:
         self._say(f"Saved {path}")
