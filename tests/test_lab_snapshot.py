@@ -62,6 +62,7 @@ def test_each_finished_run_redraws_the_snapshot_with_its_row_and_plots(cpu):
     assert isinstance(snap, Snapshot) and snap.runs == 2
     html = snap._repr_html_()
     assert rows(html) == [first.label, second.label] == list(lab.results["run"])
+    assert "scalekit-snapshot-results" in html and "'scalekit-results'" not in html  # not taken for the live table
     assert "2 runs" in snap.title
     # the plots, as static figures with the live ones' traces: throughput per step of each run
     titles = [f.layout.title.text for f in snap.figures]

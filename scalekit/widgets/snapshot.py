@@ -61,7 +61,9 @@ class Snapshot:
     `.figures` the static figures, `.runs` the number of runs in the table; `_repr_html_` is what is saved."""
 
     def __init__(self, title: str, table_html: str, figures: list[go.Figure], runs: int, plotlyjs_on_page: bool):
-        self.title, self.table_html, self.runs = title, table_html, runs
+        # a class of its own: the live table (class scalekit-results) stays the one table a page query finds
+        self.title, self.runs = title, runs
+        self.table_html = table_html.replace("class='scalekit-results'", "class='scalekit-snapshot-results'", 1)
         self.figures = [thinned(f) for f in figures]
         self._plotlyjs_on_page = plotlyjs_on_page
 
