@@ -111,4 +111,31 @@ def decode_growth_figure(results, kv_bytes: dict, title: str = "Generating token
                             line_color=colour, legendgroup=r.label, showlegend=False, row=1, col=2)
     fig.update_xaxes(title_text="tokens generated")
     fig.update_layout(title=title, height=360, margin=dict(t=70, b=40))
+
+
+def step_curves_figure(results, title: str = "Step time and loss, step by step"):
+    """Two panels side by side, a line per run: each measured step's time (ms), and the loss where it was read
+    (warm-up steps included, marked by a dotted line at the first measured step)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("ms per measured step", "loss"), horizontal_spacing=0.1)
+    colours = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2"]
+    first_measured = None
+    for i, r in enumerate(results):
+        colour = colours[i % len(colours)]
+        steps = [s for s in r.steps if not s.warmup]
+        if steps:
+            first_measured = steps[0].step if first_measured is None else min(first_measured, steps[0].step)
+        fig.add_scatter(x=[s.step for s in steps], y=[s.step_ms for s in steps], name=r.label, legendgroup=r.label,
+                        mode="lines+markers", line_color=colour, row=1, col=1,
+                        hovertemplate="step %{x}: %{y:.1f} ms<extra>" + r.label + "</extra>")
+        fig.add_scatter(x=[step for step, _ in r.losses], y=[loss for _, loss in r.losses], name=r.label,
+                        legendgroup=r.label, showlegend=False, mode="lines+markers", line_color=colour, row=1, col=2,
+                        hovertemplate="step %{x}: loss %{y:.3f}<extra>" + r.label + "</extra>")
+    if first_measured is not None:
+        fig.add_vline(x=first_measured - 0.5, line_dash="dot", line_color="#9ca3af", row=1, col=2)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="loss", row=1, col=2)
+    fig.update_layout(title=title, height=360, margin=dict(t=70, b=40), template="plotly_white")
     return fig

@@ -192,3 +192,39 @@ def test_start_script_opens_jupyterlab_on_the_first_chapter(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+WIDGETS_PLUGIN = "@jupyter-widgets/jupyterlab-manager:plugin"
+
+
+def _lab_setting(app_dir: Path, user_dir: Path, plugin: str, key: str):
+    """The default JupyterLab serves for `plugin`'s `key` with the overrides under `app_dir` (the settings API's
+    own code, jupyterlab_server, as the server runs it)."""
+    from jupyter_core.paths import jupyter_path
+    from jupyterlab.commands import get_app_dir
+    from jupyterlab_server.settings_utils import get_settings
+
+    settings, _ = get_settings(str(app_dir / "settings"), str(Path(get_app_dir()) / "schemas"), str(user_dir),
+                               schema_name=plugin, labextensions_path=jupyter_path("labextensions"))
+    return settings["schema"]["properties"][key]["default"]
+
+
+def test_postbuild_keeps_widget_state_out_of_saved_notebooks(tmp_path):
+    # a Lab's widget state is tens of MB of plot points: JupyterLab must save the notebook without it (the Lab
+    # keeps a static snapshot instead).  postBuild puts binder/overrides.json where JupyterLab reads overrides,
+    # merged into what is there, ours winning: an override that said the opposite is replaced, others are kept.
+    ours = json.loads((BINDER / "overrides.json").read_text())
+    assert ours[WIDGETS_PLUGIN] == {"saveState": False}
+    assert (BINDER / "postBuild").stat().st_mode & 0o111
+    app_dir = tmp_path / "lab"
+    (app_dir / "settings").mkdir(parents=True)
+    before = {WIDGETS_PLUGIN: {"saveState": True}, "@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True}}
+    (app_dir / "settings" / "overrides.json").write_text(json.dumps(before))
+    assert _lab_setting(app_dir, tmp_path / "user", WIDGETS_PLUGIN, "saveState") is True  # the place JupyterLab reads
+    out = subprocess.run([str(BINDER / "postBuild")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JUPYTERLAB_DIR": str(app_dir), "PATH": f"{Path(sys.executable).parent}:"
+                                                                                       f"{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    after = json.loads((app_dir / "settings" / "overrides.json").read_text())
+    assert after == {**before, WIDGETS_PLUGIN: {"saveState": False}}
+    assert _lab_setting(app_dir, tmp_path / "user", WIDGETS_PLUGIN, "saveState") is False

@@ -19,10 +19,16 @@ It measures as scalekit's own loop does:
   bytes over the second warm-up step (weights, optimizer state and what the step allocates), as scalekit
   probes its own runs; on a GPU the allocator's max_memory_allocated over the measured steps.
 Only warm-up steps carry the FLOP count and the memory probe, so the measured steps run untouched.
+
+torch's intra-op threads are pinned for the run as scalekit.run pins its own (`threads`; None: the cores not
+already busy, never more than torch was set to), restored when the Trainer ends, and recorded with the machine's
+load: a Trainer run and a scalekit run beside it are then measured on the same number of threads.  (On a busy
+2-core machine, torch's default two threads made a Trainer step 50× slower than the same step on one.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +40,9 @@ from transformers import TrainerCallback
 from ..errors import ConfigError
 from ..hardware import detect
 from ..measure import memory
+from ..measure.load import LoadMeter
 from ..measure.results import RunResult, StepRecord
+from ..measure.session import pin_threads
 from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
 from ..training import mfu_dtype_of
@@ -46,9 +54,13 @@ class ScalekitCallback(TrainerCallback):
 
     def __init__(self, warmup_steps: int = 3, label: str = "HF Trainer", on_step: Callable | None = None,
                  on_result: Callable | None = None, peak_tflops: float | None = None,
-                 flops_per_step: float | None = None, measure_memory: bool = True):
+                 flops_per_step: float | None = None, measure_memory: bool = True, threads: int | None = None):
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ConfigError(f"ScalekitCallback.warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"ScalekitCallback.threads must be a whole number >= 1 (torch's intra-op threads for "
+                              f"the run) or None (the cores not already busy), got {threads!r}")
+        self.threads = threads
         self.warmup_steps, self.label = warmup_steps, label
         self.on_step, self.on_result = on_step, on_result  # each StepRecord at the Trainer's logging steps; the end
         self.peak_tflops, self.flops_per_step, self.measure_memory = peak_tflops, flops_per_step, measure_memory
@@ -70,6 +82,10 @@ class ScalekitCallback(TrainerCallback):
         self.hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self.result = RunResult(label=self.label, config=_args_summary(args), device=self.hw.device_name,
                                 torch_version=torch.__version__)
+        self.meter = LoadMeter(self.device.type)
+        self.restore = contextlib.ExitStack()  # torch's threads as they were, put back when the Trainer ends
+        pin_threads(self.restore, self.threads)
+        self.result.threads = torch.get_num_threads()
         # the toggles these arguments are in scalekit: MFU is read against the peak of the dtype they compute in
         self.toggles = run_config_fields(args, args.world_size)[0]["toggles"]
         self.own_s += time.perf_counter() - t0
@@ -112,6 +128,8 @@ class ScalekitCallback(TrainerCallback):
         self._report(None)
         synchronize(self.device)
         self.hook.remove()
+        self.restore.close()
+        self.result.load = self.meter.read()
         _summarise(self, self.result)
         if self.on_result is not None:
             self.on_result(self.result)

@@ -250,6 +250,12 @@ class Lab(Runner):
         self._show_memory()
         self._show_step_time()
 
+    def _snapshot_figures(self) -> list:
+        """The live plots, the bars of time and memory per step and autotune's scatter, where they have points."""
+        own = (self.time_bar, self.memory_bar, self.tune.figure)
+        return [*super()._snapshot_figures(),
+                *(fig for fig in own if any(t.x is not None and len(t.x) for t in fig.data))]
+
     # -- small helpers -----------------------------------------------------------------------------
     def _show_memory(self) -> None:
         """Redraw the stacked memory bars: one per run that measured its breakdown."""

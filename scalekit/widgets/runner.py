@@ -23,6 +23,7 @@ import ipywidgets as w
 from ..errors import ConfigError, plain_error
 from ..files import check_writable, write_atomic
 from ..hardware import detect
+from .snapshot import Snapshot, plotlyjs_on_page
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw
 MAX_WAIT_S = 2.0  # but never leaves the plots this long without a redraw
@@ -73,6 +74,8 @@ class Runner:
         self._number = 0
         self._status_text = "ready"
         self._status_since = time.perf_counter()
+        self._snapshot_handle = None  # the notebook output the snapshot is drawn in, once the Lab is displayed
+        self._plotlyjs_on_page = False
         self._make_run_widgets()
 
     def _make_run_widgets(self) -> None:
@@ -97,6 +100,36 @@ class Runner:
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: the live widget, and below it an ordinary output that holds the static snapshot (empty
+        until a run finishes), which is what a notebook saved without widget state keeps of the Lab."""
+        from IPython.display import display
+
+        display(self.widget)
+        self._plotlyjs_on_page = plotlyjs_on_page()  # decided here, in the notebook's thread, above the snapshot
+        self._snapshot_handle = display(self.snapshot(update=False), display_id=True)
+
+    def snapshot(self, update: bool = True) -> Snapshot:
+        """The results table and a picture of the plots as static HTML (widgets/snapshot.py): what a saved notebook
+        or an HTML export shows of this Lab.  The Lab redraws it below its panel after every run; `update` also
+        redraws it now."""
+        if update and self._snapshot_handle is None:  # called from a notebook before the Lab was displayed
+            self._plotlyjs_on_page = plotlyjs_on_page()
+        snap = Snapshot(self._snapshot_title(), self.table.value, self._snapshot_figures(), len(self.results),
+                        self._plotlyjs_on_page)
+        if update and self._snapshot_handle is not None:
+            self._snapshot_handle.update(snap)
+        return snap
+
+    def _snapshot_title(self) -> str:
+        shown = len(self.results)
+        return (f"Snapshot of the {shown} run{'s' * (shown != 1)} above (static: saved with the notebook and shown in "
+                f"an HTML export, where the live panel is not)")
+
+    def _snapshot_figures(self) -> list:
+        """The figures the snapshot pictures: the live plots that have a trace (a Lab adds its own views)."""
+        return [fig for fig in self.plots.figures.values() if fig.data]
 
     # -- what a user (or a test) drives ------------------------------------------------------------
     @property
@@ -227,10 +260,12 @@ class Runner:
             self._say(f"Run {key} failed: {result.error}. The Lab is ready for the next run.", error=True)
         else:
             self._say_outcome(key, result)
-            if result.busy_note:  # beside the figures, not only in the table's note
-                self._say(f"Run {key}: {result.busy_note}.")
+            if result.busy_note:  # beside the figures, not only in the table's note; after what the run said
+                self._say(f"Run {key}: {result.busy_note}.", append=True)
         self.table.value = self._html(self.results)
         self._show_result(result)
+        if self._snapshot_handle is not None:
+            self.snapshot()
         self._set_status(f"{key}: {result.status}{self._rate(result)}")
         self._lock_controls(False)
 
@@ -264,9 +299,10 @@ class Runner:
         self._note_status(text)
         self.status.value = html.escape(text)
 
-    def _say(self, text: str, error: bool = False) -> None:
+    def _say(self, text: str, error: bool = False, append: bool = False) -> None:
         colour = "#b91c1c" if error else "#374151"
-        self.message.value = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
+        said = f"<span style='color:{colour}'>{html.escape(text)}</span>" if text else ""
+        self.message.value = f"{self.message.value} {said}".strip() if append else said
 
     def _saved(self, path: str) -> None:
         self._say(f"Saved {path}")
