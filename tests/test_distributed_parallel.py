@@ -222,7 +222,8 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
         split_stages(gpt, 0, 2)
     with pytest.raises(ConfigError, match=r"3 blocks do not split into 4 equal stages \(2 per rank on 2 ranks\)"):
         split_stages(gpt, 0, 2, per_rank=2)
-    with pytest.raises(ConfigError, match="pipeline_parallel: scalekit splits the built-in GPT's blocks"):
+    with pytest.raises(ConfigError, match="pipeline_parallel: Regressor is not split into stages here; scalekit "
+                                          "splits the built-in GPT's blocks and the layers of Hugging Face decoders"):
         split_stages(Regressor(), 0, 2)
     with pytest.raises(ConfigError, match=r"'gpipe', '1f1b' or 'interleaved', optionally with '/micro-batches'"):
         normalise({"pipeline_parallel": "1f1b/0"})

@@ -1,4 +1,11 @@
-"""Pipeline parallelism: the model's blocks split into stages, one per rank, micro-batches flowing through them."""
+"""Pipeline parallelism: the model's blocks split into stages, one per rank, micro-batches flowing through them.
+
+The built-in GPT and Hugging Face decoders laid out as Llama is (Llama, Mistral, Qwen2, Qwen3: embeddings →
+layers → norm → head) are split (scalekit.models.pipeline, scalekit.models.decoder_stages); any other model is
+refused up front, naming the families that are.  Schedules: 'gpipe', '1f1b', 'interleaved' (two stages per
+rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one process with the whole batch does
+(tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from torch import nn
 
 from ..distributed import available_with_ranks, distributed_available, rank, release_model
 from ..errors import ConfigError
+from ..models.decoder_stages import FAMILIES
 from ..models.pipeline import (
     LOOPED,
     SCHEDULES,
@@ -55,6 +63,13 @@ class PipelineParallel(Toggle):
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("Pipeline parallelism")
 
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        # a module of your own is checked when it is built: a nanoGPT-style GPT (transformer.h, lm_head) is split
+        if adapter.architecture is None or adapter.architecture in FAMILIES:
+            return True, ""
+        return False, (f"splits the built-in GPT and Hugging Face decoders of the families {', '.join(FAMILIES)} into "
+                       f"stages; {adapter.family} is none of them")
+
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         return distributed_available()
 
@@ -66,7 +81,7 @@ class PipelineParallel(Toggle):
                               f"micro-batches")
         me, ranks = rank(), ctx.world_size
         per_rank = STAGES_PER_RANK if schedule in LOOPED else 1
-        mine = split_stages(ctx.base_model, me, ranks, per_rank)
+        mine = split_stages(ctx.base_model, me, ranks, per_rank)  # refused here if the blocks do not split
         pipeline = Pipeline(ctx.base_model, mine, me, ranks, schedule, micro, ctx.device)
         free_other_stages(ctx.base_model, mine)
         ctx.model, ctx.loss_fn = nn.ModuleList(mine), pipeline  # what this rank trains: its stages
@@ -74,7 +89,8 @@ class PipelineParallel(Toggle):
         ctx.stack.callback(release_model, ctx)
         # interleaving v stages per rank divides the bubble by v (Narayanan et al., 2021, section 2.2.2)
         idle = bubble(ranks, micro) / per_rank
-        ctx.notes.append(f"pipeline_parallel: {len(mine[0].h)} blocks per stage, {per_rank} stage(s) on each of "
+        per_stage = len(pipeline.layout.blocks) // (ranks * per_rank)
+        ctx.notes.append(f"pipeline_parallel: {per_stage} blocks per stage, {per_rank} stage(s) on each of "
                          f"{ranks} ranks, {schedule}, {micro} micro-batches: bubble {idle:.0%} of the step")
 
     def plan(self, facts, value) -> None:
