@@ -85,6 +85,7 @@ class Layout:
     inputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     summed: bool
+    width: int  # of the activations sent between stages
 
 
 def layout(model: nn.Module) -> Layout:
@@ -93,13 +94,14 @@ def layout(model: nn.Module) -> Layout:
     library = getattr(getattr(model, "config", None), "model_type", None)  # a Hugging Face model's family
     if blocks is not None and hasattr(model, "lm_head") and library is None:  # the built-in GPT (or nanoGPT's)
         tied = model.lm_head.weight if model.lm_head.weight is model.transformer.wte.weight else None
-        return Layout(blocks, lambda *a: GPTStage(model, *a), tied, tuple, gpt_loss, summed=False)
+        return Layout(blocks, lambda *a: GPTStage(model, *a), tied, tuple, gpt_loss, summed=False,
+                      width=model.config.n_embd)
     why = decoder_refusal(model)
     if why is not None:
         raise ConfigError(why)
     head, embed = model.lm_head.weight, model.model.embed_tokens.weight
     return Layout(model.model.layers, lambda *a: DecoderStage(model, *a), head if head is embed else None,
-                  decoder_targets, summed_loss, summed=True)
+                  decoder_targets, summed_loss, summed=True, width=model.config.hidden_size)
 
 
 def split_stages(model: nn.Module, rank: int, ranks: int, per_rank: int = 1) -> list[nn.Module]:
@@ -122,6 +124,7 @@ class Pipeline:
                  micro_batches: int, device):
         self.rank, self.stages = rank, stages  # `stages`: ranks; `mine`: this rank's stages (several if looped)
         self.layout, self.micro_batches, self.count = layout(model), micro_batches, 1
+        self.module = nn.ModuleList(mine)  # what this rank trains: the run's model
         total = stages * len(mine)
         piped = [PipelineStage(s, rank + k * stages, total, device) for k, s in enumerate(mine)]
         kind = SCHEDULES[schedule]
@@ -138,6 +141,8 @@ class Pipeline:
         return self.layout.loss(logits, targets)
 
     def __call__(self, model, batch) -> torch.Tensor:
+        if model is not self.module:  # called on the whole model (counting a step's FLOPs): this rank's share
+            return self.local_work(batch)
         x, y = self.layout.inputs(batch)
         self.count = int((y != IGNORE_INDEX).sum()) if self.layout.summed else 1
         losses: list = []
@@ -154,6 +159,18 @@ class Pipeline:
         dist.broadcast(loss, src=self.stages - 1)
         # the schedule ran backward already: the step's own backward of this leaf computes nothing
         return loss.requires_grad_()
+
+
+    def local_work(self, batch) -> torch.Tensor:
+        """This rank's stages run on the whole batch without the schedule or any send (a stage that is not first
+        gets zeros in place of the activations it would receive): the work of this rank's step, for a FLOP count."""
+        x, y = self.layout.inputs(batch)
+        total = torch.zeros((), device=x.device)
+        for stage in self.module:
+            width = (*x.shape, self.layout.width)
+            out = stage(x if stage.first else torch.zeros(width, device=x.device, requires_grad=True))
+            total = total + (self.layout.loss(out, y) if stage.last else out.float().mean())
+        return total
 
 
 def free_other_stages(model: nn.Module, mine: list[nn.Module]) -> None:

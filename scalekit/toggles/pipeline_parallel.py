@@ -9,8 +9,6 @@ rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one pr
 
 from __future__ import annotations
 
-from torch import nn
-
 from ..distributed import available_with_ranks, distributed_available, rank, release_model
 from ..errors import ConfigError
 from ..models.decoder_stages import FAMILIES
@@ -84,7 +82,7 @@ class PipelineParallel(Toggle):
         mine = split_stages(ctx.base_model, me, ranks, per_rank)  # refused here if the blocks do not split
         pipeline = Pipeline(ctx.base_model, mine, me, ranks, schedule, micro, ctx.device)
         free_other_stages(ctx.base_model, mine)
-        ctx.model, ctx.loss_fn = nn.ModuleList(mine), pipeline  # what this rank trains: its stages
+        ctx.model, ctx.loss_fn = pipeline.module, pipeline  # what this rank trains: its stages
         ctx.data_parallel = (0, 1)  # every stage sees the whole batch (the first its tokens, the last its targets)
         ctx.stack.callback(release_model, ctx)
         # interleaving v stages per rank divides the bubble by v (Narayanan et al., 2021, section 2.2.2)
