@@ -8,6 +8,7 @@ schedule, and a Qwen2 whose embedding and head share one weight (the tie kept ac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -48,6 +49,9 @@ def config(family: str, toggles: dict | None = None, **changes) -> scalekit.RunC
 def _all_schedules():
     dist.init_process_group("gloo")
     out = {name: train(config(family, {"pipeline_parallel": value})) for name, (family, value) in CASES.items()}
+    # each rank's measured peak of one step under GPipe (the engine's per-rank accounting), for the planner
+    run = scalekit.run(dataclasses.replace(config("llama", {"pipeline_parallel": "gpipe"}), steps=1))
+    out["peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
     dist.destroy_process_group()
     return out
 
@@ -78,6 +82,18 @@ def test_every_schedule_trains_a_hugging_face_llama_like_one_process(case, one_p
     # between them the ranks hold every weight and gradient
     assert set().union(*(out[case][1] for out in two_ranks)) == ref_params.keys()
     assert set().union(*(out[case][3][0] for out in two_ranks)) == ref_grads[0].keys()
+
+
+def test_the_planner_gives_each_stages_memory_within_15_percent_of_the_measured_peak(two_ranks):
+    from scalekit.plan import estimate
+
+    cfg = config("llama", {"pipeline_parallel": "gpipe"})
+    planned = estimate(cfg, device="cpu", world_size=2)
+    measured = max(out["peak"] for out in two_ranks)
+    error = (planned.peak_bytes - measured) / measured
+    assert abs(error) < 0.15, f"planned {planned.peak_bytes:,} vs measured {measured:,}: {error:+.1%}"
+    whole = estimate(config("llama", ["ddp"]), device="cpu", world_size=2)  # every rank the whole model
+    assert planned.params_bytes < whole.params_bytes and planned.activations_bytes < whole.activations_bytes
 
 
 def _raises_under_the_pipeline():

@@ -23,6 +23,8 @@ from ..models.pipeline import (
 )
 from .base import BuildContext, Spelling, Toggle
 
+THREE_D = ("3-D (pipeline × data × tensor parallel) is not composed here: the pipeline's stages are the world's "
+           "ranks (every rank sees the whole batch), where 3-D needs the pipeline over one dimension of a mesh")
 MICRO_BATCHES = 4  # micro-batches per step unless the value says ("1f1b/8")
 
 
@@ -46,8 +48,9 @@ class PipelineParallel(Toggle):
     excludes = {name: "not composed with pipeline_parallel here" for name in
                 ("ddp", "fsdp", "zero", "tensor_parallel", "deepspeed", "compile", "checkpointing", "lora", "dora",
                  "quantized_base")}
-    excludes = {**excludes, "grad_accum": "the pipeline cuts each batch into micro-batches itself: use "
-                                          "pipeline_parallel='1f1b/8' for 8 micro-batches"}
+    excludes = {**excludes, "fsdp": THREE_D, "tensor_parallel": THREE_D,
+                "grad_accum": "the pipeline cuts each batch into micro-batches itself: use "
+                              "pipeline_parallel='1f1b/8' for 8 micro-batches"}
 
     def validate(self, value, owner: str = "RunConfig"):
         schedule, _, count = str(value).partition("/") if isinstance(value, str) else ("", "", "")

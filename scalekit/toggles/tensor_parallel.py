@@ -3,6 +3,11 @@
 With fsdp on too, the ranks form a 2-D (data parallel, tensor parallel) mesh, checked here against the number of
 ranks: tensor_parallel splits each block within a row of it, then fsdp (after it in ORDER) shards over its
 columns — torchtitan's order (TP, then FSDP).
+
+Values: a degree (`tensor_parallel=2`), or `"2,sequence_parallel"` for the norms and the residual stream split
+along the sequence too (Megatron's sequence parallelism: SequenceParallel norms, row-wise layers
+reduce-scattering, attention and the MLP gathering the sequence at their input); the degree must then divide
+the run's seq_len.
 """
 
 from __future__ import annotations
