@@ -77,7 +77,10 @@ def train(cfg):
                 dist.all_reduce(loss)
                 loss /= group.world_size
             losses.append(loss.item())
-        params = full_parameters(ctx.base_model, degree)
+        # the weights this rank trains (under a pipeline with fsdp, an alias of a tied weight outside the rank's
+        # stages keeps the parameter fsdp replaced: left out)
+        live, named = {id(p) for p in ctx.model.parameters()}, dict(ctx.base_model.named_parameters())
+        params = {n: t for n, t in full_parameters(ctx.base_model, degree).items() if id(named[n]) in live}
         state = sum(local(t).numel() for s in ctx.optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor) and t.dim() > 0)  # (not Adam's step counters)
         del ctx

@@ -96,6 +96,61 @@ def test_the_planner_gives_each_stages_memory_within_15_percent_of_the_measured_
     assert planned.params_bytes < whole.params_bytes and planned.activations_bytes < whole.activations_bytes
 
 
+def _pipelines_side_by_side():
+    dist.init_process_group("gloo")
+    two_d = {"pipeline_parallel": "1f1b/2,stages=2", "fsdp": True}
+    out = {"gpt": train(gpt_config(two_d)), "llama": train(config("llama", two_d))}
+    dist.destroy_process_group()
+    return out
+
+
+def gpt_config(toggles: dict | None = None):
+    from tests.test_distributed_parallel import config as parallel_config
+
+    return parallel_config("gpt", toggles)
+
+
+def tied(ref: dict, name: str) -> torch.Tensor:
+    """The reference's tensor of `name`; the GPT's head on the last stage is its embedding's copy (one name there)."""
+    return ref[name] if name in ref else ref[{"lm_head.weight": "transformer.wte.weight"}[name]]
+
+
+def test_two_pipelines_side_by_side_sharded_by_fsdp_train_like_one_process(one_process):
+    """4 ranks as a (pipeline 2, data parallel 2) mesh: each pipeline its half of the batch, each stage sharded
+    by fsdp over the two pipelines; the built-in GPT (tied embedding and head) and a Llama."""
+    refs = {"gpt": train(gpt_config()), "llama": one_process["llama"]}
+    for out in launch(_pipelines_side_by_side, nprocs=4, timeout_s=240):
+        for model, (ref_losses, ref_params, _, ref_grads) in refs.items():
+            losses, params, _, grads = out[model]
+            assert losses == pytest.approx(ref_losses, rel=1e-5)
+            for step in range(len(ref_grads)):
+                for name in grads[step]:
+                    tol = 1e-5 if step == 0 else 1e-4
+                    assert close(grads[step][name], tied(ref_grads[step], name)) < tol, (model, step, name)
+            for name in params:
+                torch.testing.assert_close(params[name], tied(ref_params, name), atol=5e-5, rtol=1e-4)
+
+
+def test_a_pipeline_mesh_that_does_not_fit_the_ranks_is_refused_naming_the_numbers():
+    from scalekit.plan import estimate
+    from scalekit.toggles import normalise
+    from scalekit.toggles.pipeline_parallel import pp_mesh
+
+    with pytest.raises(ConfigError, match=r"pipeline_parallel stages=3 does not fit 4 ranks: the ranks form a "
+                                          r"\(pipeline, data parallel\) mesh of shape \(3, 4/3\), so 3 must divide 4"):
+        pp_mesh("cpu", 4, 3)
+    with pytest.raises(ConfigError, match="pipeline_parallel stages=3 does not fit 4 ranks: 3 must divide 4"):
+        estimate(gpt_config({"pipeline_parallel": "gpipe,stages=3", "fsdp": True}), device="cpu", world_size=4)
+    assert normalise({"pipeline_parallel": "1f1b/8, stages=2"}) == {"pipeline_parallel": "1f1b/8,stages=2"}
+    with pytest.raises(ConfigError, match=r"and ',stages=S' \(S stages over the ranks"):
+        normalise({"pipeline_parallel": "1f1b,ranks=2"})
+    with pytest.raises(ConfigError, match="pipeline × tensor parallel .3-D. is not composed here"):
+        scalekit.RunConfig(toggles={"pipeline_parallel": "1f1b", "tensor_parallel": 2})
+    two_d = estimate(gpt_config({"pipeline_parallel": "gpipe,stages=2", "fsdp": True}), device="cpu", world_size=4)
+    pp = estimate(gpt_config({"pipeline_parallel": "gpipe"}), device="cpu", world_size=2)
+    assert two_d.params_bytes == -(-pp.params_bytes // 2)  # fsdp halves what each stage holds
+
+
 def _raises_under_the_pipeline():
     dist.init_process_group("gloo")
     with contextlib.ExitStack() as stack:

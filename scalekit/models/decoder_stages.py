@@ -72,6 +72,10 @@ class DecoderStage(nn.Module):
         self.layers = nn.ModuleList(inner.layers[start:stop])
         self.norm, self.lm_head = (inner.norm, model.lm_head) if last else (None, None)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:  # token ids in
             x = self.embed_tokens(x)  # (B, T, C)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from ..errors import ConfigError
@@ -56,6 +57,10 @@ class GPTStage(nn.Module):
         self.h = nn.ModuleList(t.h[start:stop])
         self.ln_f, self.lm_head = (t.ln_f, gpt.lm_head) if last else (None, None)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.h
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:  # token ids in
             x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))  # (B, T, C)
@@ -81,7 +86,7 @@ class Layout:
 
     blocks: nn.ModuleList
     stage: Callable[[int, int, bool, bool], nn.Module]  # (start, stop, first, last) -> the stage's module
-    tied: nn.Parameter | None
+    tied: tuple[nn.Module, nn.Module] | None  # (embedding, head) where they share one weight
     inputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     summed: bool
@@ -93,14 +98,15 @@ def layout(model: nn.Module) -> Layout:
     blocks = getattr(getattr(model, "transformer", None), "h", None)
     library = getattr(getattr(model, "config", None), "model_type", None)  # a Hugging Face model's family
     if blocks is not None and hasattr(model, "lm_head") and library is None:  # the built-in GPT (or nanoGPT's)
-        tied = model.lm_head.weight if model.lm_head.weight is model.transformer.wte.weight else None
+        tied = (model.transformer.wte, model.lm_head) if model.lm_head.weight is model.transformer.wte.weight else None
         return Layout(blocks, lambda *a: GPTStage(model, *a), tied, tuple, gpt_loss, summed=False,
                       width=model.config.n_embd)
     why = decoder_refusal(model)
     if why is not None:
         raise ConfigError(why)
-    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
-    return Layout(model.model.layers, lambda *a: DecoderStage(model, *a), head if head is embed else None,
+    head, embed = model.lm_head, model.model.embed_tokens
+    return Layout(model.model.layers, lambda *a: DecoderStage(model, *a),
+                  (embed, head) if head.weight is embed.weight else None,
                   decoder_targets, summed_loss, summed=True, width=model.config.hidden_size)
 
 
@@ -121,18 +127,23 @@ class Pipeline:
     """Runs one step's forwards and backwards through the schedule; the run calls it as its loss function."""
 
     def __init__(self, model: nn.Module, mine: list[nn.Module], rank: int, stages: int, schedule: str,
-                 micro_batches: int, device):
-        self.rank, self.stages = rank, stages  # `stages`: ranks; `mine`: this rank's stages (several if looped)
+                 micro_batches: int, device, mesh):
+        # `rank`: this rank's place in its pipeline; `stages`: the pipeline's ranks; `mine`: this rank's stages
+        # (several if looped); `mesh`: (pipeline, data parallel), the pipeline one column of it
+        self.rank, self.stages, self.dp = rank, stages, mesh.size(1)
+        self.group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         self.layout, self.micro_batches, self.count = layout(model), micro_batches, 1
         self.module = nn.ModuleList(mine)  # what this rank trains: the run's model
         total = stages * len(mine)
-        piped = [PipelineStage(s, rank + k * stages, total, device) for k, s in enumerate(mine)]
+        piped = [PipelineStage(s, rank + k * stages, total, device, group=self.group) for k, s in enumerate(mine)]
         kind = SCHEDULES[schedule]
         self.schedule = kind(piped if schedule in LOOPED else piped[0], n_microbatches=micro_batches,
                              loss_fn=self.micro_batch_loss)
-        # this rank's copy of the tied embedding/head weight, where the first and last stage are different ranks
-        self.tied = self.layout.tied if stages > 1 and rank in (0, stages - 1) else None
-        self.tie_group = dist.new_group([0, stages - 1]) if stages > 2 else None  # (every rank creates it)
+        # the module holding this rank's copy of the tied embedding/head weight, where the first and last stage are
+        # different ranks (its weight read at each step: fsdp, applied later, replaces the parameter)
+        ends = self.layout.tied
+        self.tied = None if ends is None or stages == 1 or rank not in (0, stages - 1) else ends[rank > 0]
+        self.tie_group = tie_group(mesh) if stages > 2 else self.group  # (every rank creates every one)
 
     def micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # the schedule averages the micro-batches' losses: a summed loss over the batch's count, times their number
@@ -143,8 +154,14 @@ class Pipeline:
     def __call__(self, model, batch) -> torch.Tensor:
         if model is not self.module:  # called on the whole model (counting a step's FLOPs): this rank's share
             return self.local_work(batch)
+        if self.dp > 1 and not all(isinstance(m, FSDPModule) for m in self.module):
+            raise ConfigError(f"pipeline_parallel: {self.dp} pipelines of {self.stages} stages side by side must "
+                              f"average their gradients: turn fsdp on too, or give stages={self.stages * self.dp}")
         x, y = self.layout.inputs(batch)
-        self.count = int((y != IGNORE_INDEX).sum()) if self.layout.summed else 1
+        if self.layout.summed:  # the targets of every pipeline's rows (fsdp averages the pipelines' gradients)
+            count = (y != IGNORE_INDEX).sum()
+            dist.all_reduce(count, group=self.dp_group)
+            self.count = int(count) / self.dp
         losses: list = []
         if self.rank == 0:
             self.schedule.step(x)
@@ -152,11 +169,12 @@ class Pipeline:
             self.schedule.step(target=y, losses=losses)
         else:
             self.schedule.step()
-        if self.tied is not None and self.tied.grad is not None:  # embedding (first stage) + head (last stage)
-            dist.all_reduce(self.tied.grad, group=self.tie_group)
-        # the loss lives on the last stage: every rank reports it
+        if self.tied is not None and self.tied.weight.grad is not None:  # embedding (first stage) + head (last)
+            grad = self.tied.weight.grad
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.tie_group)
+        # the loss lives on the last stage: every rank of the pipeline reports it
         loss = torch.stack(losses).mean().detach() if losses else torch.zeros((), device=x.device)
-        dist.broadcast(loss, src=self.stages - 1)
+        dist.broadcast(loss, group=self.group, group_src=self.stages - 1)
         # the schedule ran backward already: the step's own backward of this leaf computes nothing
         return loss.requires_grad_()
 
@@ -171,6 +189,16 @@ class Pipeline:
             out = stage(x if stage.first else torch.zeros(width, device=x.device, requires_grad=True))
             total = total + (self.layout.loss(out, y) if stage.last else out.float().mean())
         return total
+
+
+def tie_group(mesh):
+    """The process group of this rank's first and last stage (the ranks holding the tied weight) in its column."""
+    ranks = mesh.mesh  # (pipeline, data parallel) -> global rank
+    mine = None
+    for column in range(ranks.shape[1]):
+        group = dist.new_group([int(ranks[0, column]), int(ranks[-1, column])])
+        mine = group if column == mesh.get_local_rank("dp") else mine
+    return mine
 
 
 def free_other_stages(model: nn.Module, mine: list[nn.Module]) -> None:
