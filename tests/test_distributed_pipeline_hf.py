@@ -100,6 +100,9 @@ def _pipelines_side_by_side():
     dist.init_process_group("gloo")
     two_d = {"pipeline_parallel": "1f1b/2,stages=2", "fsdp": True}
     out = {"gpt": train(gpt_config(two_d)), "llama": train(config("llama", two_d))}
+    gpipe = {"pipeline_parallel": "gpipe,stages=2", "fsdp": True}
+    run = scalekit.run(dataclasses.replace(gpt_config(gpipe), steps=1))  # each rank's measured peak, for the planner
+    out["peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
     dist.destroy_process_group()
     return out
 
@@ -118,8 +121,15 @@ def tied(ref: dict, name: str) -> torch.Tensor:
 def test_two_pipelines_side_by_side_sharded_by_fsdp_train_like_one_process(one_process):
     """4 ranks as a (pipeline 2, data parallel 2) mesh: each pipeline its half of the batch, each stage sharded
     by fsdp over the two pipelines; the built-in GPT (tied embedding and head) and a Llama."""
+    from scalekit.plan import estimate
+
     refs = {"gpt": train(gpt_config()), "llama": one_process["llama"]}
-    for out in launch(_pipelines_side_by_side, nprocs=4, timeout_s=240):
+    outs = launch(_pipelines_side_by_side, nprocs=4, timeout_s=240)
+    planned = estimate(gpt_config({"pipeline_parallel": "gpipe,stages=2", "fsdp": True}), device="cpu", world_size=4)
+    measured = max(out["peak"] for out in outs)
+    error = (planned.peak_bytes - measured) / measured
+    assert abs(error) < 0.15, f"planned {planned.peak_bytes:,} vs measured {measured:,}: {error:+.1%}"
+    for out in outs:
         for model, (ref_losses, ref_params, _, ref_grads) in refs.items():
             losses, params, _, grads = out[model]
             assert losses == pytest.approx(ref_losses, rel=1e-5)
