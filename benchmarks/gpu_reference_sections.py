@@ -527,7 +527,8 @@ PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"z
                   "tensor_parallel=2,sequence_parallel": {"tensor_parallel": "2,sequence_parallel"},
                   "pipeline_parallel 1f1b/8": {"pipeline_parallel": "1f1b/8"},
                   "pipeline_parallel 1f1b/8, Hugging Face Llama": {"pipeline_parallel": "1f1b/8"},
-                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2}}
+                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2},
+                  "2-D pipeline_parallel 1f1b/8,stages=2 x fsdp": {"pipeline_parallel": "1f1b/8,stages=2", "fsdp": True}}
 
 
 def parallelism(dry_run: bool) -> dict:

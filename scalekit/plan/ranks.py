@@ -19,6 +19,7 @@ distributed toggle.  Then it moves the parts the toggles say they move (their `p
   every stage sees the whole batch, and keeps its own blocks' activations of every micro-batch (GPipe): the
   built-in GPT's analytic plan counts a stage's blocks, a traced model's (a Hugging Face decoder) activations
   are divided by the stages.  1F1B keeps fewer micro-batches in flight: for it the plan is an upper bound.
+  With `stages=S` and fsdp, S-stage pipelines run side by side and fsdp shards over them: ranks / S.
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.

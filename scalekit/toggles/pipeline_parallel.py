@@ -5,6 +5,10 @@ layers → norm → head) are split (scalekit.models.pipeline, scalekit.models.d
 refused up front, naming the families that are.  Schedules: 'gpipe', '1f1b', 'interleaved' (two stages per
 rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one process with the whole batch does
 (tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama).
+
+',stages=S' runs pipelines of S stages side by side ('1f1b/8,stages=2' on 4 ranks: a (pipeline 2, data 2) mesh,
+checked here against the ranks); fsdp, applied after this toggle, shards each stage over the pipelines and
+averages their gradients.  pipeline × tensor parallel (3-D) is refused by name.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class PipelineParallel(Toggle):
     name = "pipeline_parallel"
     summary = ("pipeline parallelism (torch.distributed.pipelining): the blocks split into one stage per rank, "
                "each batch cut into micro-batches; '1f1b', 'gpipe' or 'interleaved' (2 stages per rank), '/m' for m "
-               "micro-batches ('1f1b/8')")
+               "micro-batches ('1f1b/8'), ',stages=S' for pipelines of S stages side by side (with fsdp)")
     cost = "the bubble: each stage idles (stages-1)/(micro-batches+stages-1) of a step; activations sent between ranks"
     helps_when = "the model's layers do not fit one device and the links between devices are slow (across nodes)"
     group = "distributed"
