@@ -76,7 +76,8 @@ class FSDP(Toggle):
     def plan(self, facts, value) -> None:
         facts.sharded = frozenset(("params", "grads", "state"))
         facts.gathers_blocks = True
-        facts.rank_notes.insert(0, f"fsdp: 1/{facts.world_size} of the weights, gradients and optimizer state per "
+        over = facts.world_size // facts.tensor_parallel // facts.pipeline_stages  # (set before: ORDER)
+        facts.rank_notes.insert(0, f"fsdp: 1/{over} of the weights, gradients and optimizer state per "
                                    f"rank, one block's full weights gathered at a time (two while the next is "
                                    f"prefetched) and one block's gradients reduce-scattered")
 
