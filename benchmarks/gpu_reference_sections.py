@@ -524,8 +524,11 @@ def training_kernels(dry_run: bool) -> dict:
 # -- tensor, pipeline and 2-D parallelism ------------------------------------------------------------------
 PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
                   "fsdp (ZeRO-3)": {"fsdp": True}, "tensor_parallel=2": {"tensor_parallel": 2},
+                  "tensor_parallel=2,sequence_parallel": {"tensor_parallel": "2,sequence_parallel"},
                   "pipeline_parallel 1f1b/8": {"pipeline_parallel": "1f1b/8"},
-                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2}}
+                  "pipeline_parallel 1f1b/8, Hugging Face Llama": {"pipeline_parallel": "1f1b/8"},
+                  "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2},
+                  "2-D pipeline_parallel 1f1b/8,stages=2 x fsdp": {"pipeline_parallel": "1f1b/8,stages=2", "fsdp": True}}
 
 
 def parallelism(dry_run: bool) -> dict:
@@ -538,7 +541,12 @@ def parallelism(dry_run: bool) -> dict:
     rows = []
     for label, toggles in PARALLEL_MODES.items():
         world = 4 if "2-D" in label else 2
-        cfg = RunConfig(preset=preset, batch_size=batch, steps=3, warmup_steps=1, toggles=toggles,
+        model = None
+        if "Llama" in label:  # the same shape as a Llama built from its config (transformers, no hub)
+            from scalekit.hf import causal_lm
+
+            model = causal_lm("llama", preset)
+        cfg = RunConfig(preset=preset, model=model, batch_size=batch, steps=3, warmup_steps=1, toggles=toggles,
                         device="cuda" if gpus else "cpu", data="synthetic")
         planned = estimate(cfg, device="cuda", world_size=world)
         row = {"mode": label, "status": "ok", "ranks": world, "planned_mb_per_rank": _mb(planned.peak_bytes)}

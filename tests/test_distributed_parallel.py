@@ -21,7 +21,7 @@ from scalekit.launch import LaunchError, launch
 from scalekit.models.tensor_parallel import full_parameters
 from scalekit.plan import estimate
 from scalekit.toggles import needs_process_group
-from scalekit.toggles.tensor_parallel import tp_mesh
+from scalekit.toggles.tensor_parallel import parse, tp_mesh
 from tests.helpers import Regressor, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
@@ -36,6 +36,8 @@ CASES = {  # name: toggles
     "tensor_parallel": {"tensor_parallel": 2},
     "tensor_parallel + accumulation": {"tensor_parallel": 2, "grad_accum": 2},
     "tensor_parallel, Hugging Face Llama (its tp_plan)": {"tensor_parallel": 2},
+    "tensor_parallel + sequence_parallel norms": {"tensor_parallel": "2,sequence_parallel"},
+    "tensor_parallel + sequence_parallel norms, Hugging Face Llama": {"tensor_parallel": "2,sequence_parallel"},
     "2-D: fsdp + tensor_parallel": {"fsdp": True, "tensor_parallel": 2},
     "pipeline_parallel gpipe": {"pipeline_parallel": "gpipe"},
     "pipeline_parallel 1f1b, 2 micro-batches": {"pipeline_parallel": "1f1b/2"},
@@ -65,7 +67,7 @@ def train(cfg):
         group = distributed.setup(CPU, stack, cfg.batch_size) if needs_process_group(cfg.toggles) else None
         ctx = build(cfg, CPU, stack)
         losses, grads = [], []
-        degree = cfg.toggles.get("tensor_parallel", 1)
+        degree = parse(cfg.toggles["tensor_parallel"])[0] if "tensor_parallel" in cfg.toggles else 1
         # every step's gradients, full, as the optimizer is about to use them
         ctx.optimizer.register_step_pre_hook(
             lambda *_, model=ctx.base_model: grads.append(full_parameters(model, degree, grads=True)))
@@ -75,7 +77,10 @@ def train(cfg):
                 dist.all_reduce(loss)
                 loss /= group.world_size
             losses.append(loss.item())
-        params = full_parameters(ctx.base_model, degree)
+        # the weights this rank trains (under a pipeline with fsdp, an alias of a tied weight outside the rank's
+        # stages keeps the parameter fsdp replaced: left out)
+        live, named = {id(p) for p in ctx.model.parameters()}, dict(ctx.base_model.named_parameters())
+        params = {n: t for n, t in full_parameters(ctx.base_model, degree).items() if id(named[n]) in live}
         state = sum(local(t).numel() for s in ctx.optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor) and t.dim() > 0)  # (not Adam's step counters)
         del ctx
@@ -112,7 +117,8 @@ def close(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_each_mode_trains_like_one_process(case, two_ranks, one_process):
+def test_each_mode_trains_like_one_process(case, one_process, two_ranks):  # one process first: the ranks
+    # forked after it inherit transformers, imported once
     ref_losses, ref_params, ref_state, ref_grads = one_process[
         "llama" if "Llama" in case else "small" if "small" in case else "gpt"]
     for rank_out in two_ranks:
@@ -197,6 +203,26 @@ def test_a_degree_that_does_not_divide_the_heads_or_a_model_without_a_plan_is_re
         estimate(tiny(batch_size=BATCH, toggles={"tensor_parallel": 4}), device="cpu", world_size=6)
 
 
+def test_sequence_parallel_is_spelled_as_an_option_of_the_degree_and_a_sequence_it_cannot_split_is_refused():
+    from scalekit.toggles import normalise
+
+    assert normalise({"tensor_parallel": "4, sequence_parallel"}) == {"tensor_parallel": "4,sequence_parallel"}
+    assert parse("4,sequence_parallel") == (4, True) and parse(2) == (2, False)
+    with pytest.raises(ConfigError, match=r"toggles\['tensor_parallel'\] must be True \(= 2\), a positive whole "
+                                          r"number of ranks per block, or 'N,sequence_parallel'"):
+        normalise({"tensor_parallel": "2,sequence"})
+    cfg = tiny(batch_size=BATCH, seq_len=15, toggles={"tensor_parallel": "2,sequence_parallel"})
+    with pytest.raises(LaunchError, match=r"tensor_parallel=2,sequence_parallel: the sequence of 15 tokens does not "
+                                          r"split over 2 ranks \(the degree must divide RunConfig.seq_len=15\)"):
+        launch(_builds, cfg, nprocs=2, timeout_s=60)
+
+
+def _builds(cfg):
+    dist.init_process_group("gloo")
+    with contextlib.ExitStack() as stack:
+        build(cfg.resolve(CPU), CPU, stack)
+
+
 def test_the_planner_splits_the_blocks_and_keeps_the_batch_whole_in_a_tensor_parallel_group():
     one = estimate(tiny(preset="small", batch_size=BATCH), device="cpu")
     tp = estimate(tiny(preset="small", batch_size=BATCH, toggles={"tensor_parallel": 2}), device="cpu", world_size=2)
@@ -222,7 +248,8 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
         split_stages(gpt, 0, 2)
     with pytest.raises(ConfigError, match=r"3 blocks do not split into 4 equal stages \(2 per rank on 2 ranks\)"):
         split_stages(gpt, 0, 2, per_rank=2)
-    with pytest.raises(ConfigError, match="pipeline_parallel: scalekit splits the built-in GPT's blocks"):
+    with pytest.raises(ConfigError, match="pipeline_parallel: Regressor is not split into stages here; scalekit "
+                                          "splits the built-in GPT's blocks and the layers of Hugging Face decoders"):
         split_stages(Regressor(), 0, 2)
     with pytest.raises(ConfigError, match=r"'gpipe', '1f1b' or 'interleaved', optionally with '/micro-batches'"):
         normalise({"pipeline_parallel": "1f1b/0"})

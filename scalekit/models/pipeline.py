@@ -8,19 +8,33 @@ start and the end of every step: the bubble, (stages - 1) / (micro-batches + sta
 equal stages (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", 2021, section 2.2).
 
-The GPT ties its embedding and head weights: with the first and the last stage on different ranks each keeps
-a copy, and their gradients are summed between the two before every update, as Megatron-LM does.
+A Hugging Face decoder laid out as Llama is (scalekit.models.decoder_stages) is split the same way: its layers
+into stages, the token embeddings on the first, the final norm and the head on the last.  Its loss is
+transformers' causal-LM loss (labels shifted by one, -100 ignored), each micro-batch's summed and divided by
+the whole batch's count of targets, so the step's gradient is the whole batch's mean however the ignored
+targets fall into micro-batches.
+
+A model that ties its embedding and head weights (the GPT; a Hugging Face model with tie_word_embeddings): with
+the first and the last stage on different ranks each keeps a copy, and their gradients are summed between the
+two before every update, as Megatron-LM does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from ..errors import ConfigError
+from .chunked_loss import IGNORE_INDEX
+from .decoder_stages import DecoderStage, decoder_refusal, decoder_targets, summed_loss
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 LOOPED = ("interleaved",)  # schedules that put several smaller stages on each rank (here: 2)
@@ -43,6 +57,10 @@ class GPTStage(nn.Module):
         self.h = nn.ModuleList(t.h[start:stop])
         self.ln_f, self.lm_head = (t.ln_f, gpt.lm_head) if last else (None, None)
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.h
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:  # token ids in
             x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))  # (B, T, C)
@@ -60,39 +78,90 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))  # as GPT.forward
 
 
-def split_stages(gpt: nn.Module, rank: int, ranks: int, per_rank: int = 1) -> list[GPTStage]:
-    """This rank's stages of `gpt` (`per_rank` of them: rank r holds stages r, r + ranks, ...); refused when the
-    stages do not divide the blocks or the model is no GPT."""
-    blocks = getattr(getattr(gpt, "transformer", None), "h", None)
-    if blocks is None or not hasattr(gpt, "lm_head"):
-        raise ConfigError(f"pipeline_parallel: scalekit splits the built-in GPT's blocks into stages; "
-                          f"{type(gpt).__name__} is not split here")
+@dataclass(frozen=True)
+class Layout:
+    """How one model splits into stages: its blocks, a stage of them, the weight its embedding and head share (or
+    None), how a batch gives the first stage's input and the last stage's targets, and the loss of one micro-batch
+    (`summed`: summed over the targets that count, which the pipeline divides by the whole batch's count)."""
+
+    blocks: nn.ModuleList
+    stage: Callable[[int, int, bool, bool], nn.Module]  # (start, stop, first, last) -> the stage's module
+    tied: tuple[nn.Module, nn.Module] | None  # (embedding, head) where they share one weight
+    inputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    summed: bool
+    width: int  # of the activations sent between stages
+
+
+def layout(model: nn.Module) -> Layout:
+    """The built-in GPT's layout or a Llama-style Hugging Face decoder's; refused (naming what is split) otherwise."""
+    blocks = getattr(getattr(model, "transformer", None), "h", None)
+    library = getattr(getattr(model, "config", None), "model_type", None)  # a Hugging Face model's family
+    if blocks is not None and hasattr(model, "lm_head") and library is None:  # the built-in GPT (or nanoGPT's)
+        tied = (model.transformer.wte, model.lm_head) if model.lm_head.weight is model.transformer.wte.weight else None
+        return Layout(blocks, lambda *a: GPTStage(model, *a), tied, tuple, gpt_loss, summed=False,
+                      width=model.config.n_embd)
+    why = decoder_refusal(model)
+    if why is not None:
+        raise ConfigError(why)
+    head, embed = model.lm_head, model.model.embed_tokens
+    return Layout(model.model.layers, lambda *a: DecoderStage(model, *a),
+                  (embed, head) if head.weight is embed.weight else None,
+                  decoder_targets, summed_loss, summed=True, width=model.config.hidden_size)
+
+
+def split_stages(model: nn.Module, rank: int, ranks: int, per_rank: int = 1) -> list[nn.Module]:
+    """This rank's stages of `model` (`per_rank` of them: rank r holds stages r, r + ranks, ...); refused when the
+    stages do not divide the blocks or the model is of no family split here."""
+    blocks = layout(model).blocks
     stages = ranks * per_rank
     if len(blocks) % stages:
         raise ConfigError(f"pipeline_parallel: the model's {len(blocks)} blocks do not split into {stages} equal "
                           f"stages ({per_rank} per rank on {ranks} ranks): the stages must divide {len(blocks)}")
     per = len(blocks) // stages
-    return [GPTStage(gpt, i * per, (i + 1) * per, i == 0, i == stages - 1)
-            for i in range(rank, stages, ranks)]
+    make = layout(model).stage
+    return [make(i * per, (i + 1) * per, i == 0, i == stages - 1) for i in range(rank, stages, ranks)]
 
 
 class Pipeline:
     """Runs one step's forwards and backwards through the schedule; the run calls it as its loss function."""
 
-    def __init__(self, gpt: nn.Module, mine: list[GPTStage], rank: int, stages: int, schedule: str,
-                 micro_batches: int, device):
-        self.rank, self.stages = rank, stages  # `stages`: ranks; `mine`: this rank's stages (several if looped)
+    def __init__(self, model: nn.Module, mine: list[nn.Module], rank: int, stages: int, schedule: str,
+                 micro_batches: int, device, mesh):
+        # `rank`: this rank's place in its pipeline; `stages`: the pipeline's ranks; `mine`: this rank's stages
+        # (several if looped); `mesh`: (pipeline, data parallel), the pipeline one column of it
+        self.rank, self.stages, self.dp = rank, stages, mesh.size(1)
+        self.group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+        self.layout, self.micro_batches, self.count = layout(model), micro_batches, 1
+        self.module = nn.ModuleList(mine)  # what this rank trains: the run's model
         total = stages * len(mine)
-        piped = [PipelineStage(s, rank + k * stages, total, device) for k, s in enumerate(mine)]
+        piped = [PipelineStage(s, rank + k * stages, total, device, group=self.group) for k, s in enumerate(mine)]
         kind = SCHEDULES[schedule]
-        self.schedule = kind(piped if schedule in LOOPED else piped[0], n_microbatches=micro_batches, loss_fn=gpt_loss)
-        tied = gpt.lm_head.weight is gpt.transformer.wte.weight
-        # this rank's copy of the tied embedding/head weight, where the first and last stage are different ranks
-        self.tied = gpt.lm_head.weight if tied and stages > 1 and rank in (0, stages - 1) else None
-        self.tie_group = dist.new_group([0, stages - 1]) if stages > 2 else None  # (every rank creates it)
+        self.schedule = kind(piped if schedule in LOOPED else piped[0], n_microbatches=micro_batches,
+                             loss_fn=self.micro_batch_loss)
+        # the module holding this rank's copy of the tied embedding/head weight, where the first and last stage are
+        # different ranks (its weight read at each step: fsdp, applied later, replaces the parameter)
+        ends = self.layout.tied
+        self.tied = None if ends is None or stages == 1 or rank not in (0, stages - 1) else ends[rank > 0]
+        self.tie_group = tie_group(mesh) if stages > 2 else self.group  # (every rank creates every one)
+
+    def micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # the schedule averages the micro-batches' losses: a summed loss over the batch's count, times their number
+        if self.layout.summed:
+            return self.layout.loss(logits, targets) * self.micro_batches / self.count
+        return self.layout.loss(logits, targets)
 
     def __call__(self, model, batch) -> torch.Tensor:
-        x, y = batch
+        if model is not self.module:  # called on the whole model (counting a step's FLOPs): this rank's share
+            return self.local_work(batch)
+        if self.dp > 1 and not all(isinstance(m, FSDPModule) for m in self.module):
+            raise ConfigError(f"pipeline_parallel: {self.dp} pipelines of {self.stages} stages side by side must "
+                              f"average their gradients: turn fsdp on too, or give stages={self.stages * self.dp}")
+        x, y = self.layout.inputs(batch)
+        if self.layout.summed:  # the targets of every pipeline's rows (fsdp averages the pipelines' gradients)
+            count = (y != IGNORE_INDEX).sum()
+            dist.all_reduce(count, group=self.dp_group)
+            self.count = int(count) / self.dp
         losses: list = []
         if self.rank == 0:
             self.schedule.step(x)
@@ -100,19 +169,44 @@ class Pipeline:
             self.schedule.step(target=y, losses=losses)
         else:
             self.schedule.step()
-        if self.tied is not None and self.tied.grad is not None:  # embedding (first stage) + head (last stage)
-            dist.all_reduce(self.tied.grad, group=self.tie_group)
-        # the loss lives on the last stage: every rank reports it
+        if self.tied is not None and self.tied.weight.grad is not None:  # embedding (first stage) + head (last)
+            grad = self.tied.weight.grad
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.tie_group)
+        # the loss lives on the last stage: every rank of the pipeline reports it
         loss = torch.stack(losses).mean().detach() if losses else torch.zeros((), device=x.device)
-        dist.broadcast(loss, src=self.stages - 1)
+        dist.broadcast(loss, group=self.group, group_src=self.stages - 1)
         # the schedule ran backward already: the step's own backward of this leaf computes nothing
         return loss.requires_grad_()
 
 
-def free_other_stages(gpt: nn.Module, mine: list[GPTStage]) -> None:
+    def local_work(self, batch) -> torch.Tensor:
+        """This rank's stages run on the whole batch without the schedule or any send (a stage that is not first
+        gets zeros in place of the activations it would receive): the work of this rank's step, for a FLOP count."""
+        x, y = self.layout.inputs(batch)
+        total = torch.zeros((), device=x.device)
+        for stage in self.module:
+            width = (*x.shape, self.layout.width)
+            out = stage(x if stage.first else torch.zeros(width, device=x.device, requires_grad=True))
+            total = total + (self.layout.loss(out, y) if stage.last else out.float().mean())
+        return total
+
+
+def tie_group(mesh):
+    """The process group of this rank's first and last stage (the ranks holding the tied weight) in its column."""
+    ranks = mesh.mesh  # (pipeline, data parallel) -> global rank
+    mine = None
+    for column in range(ranks.shape[1]):
+        group = dist.new_group([int(ranks[0, column]), int(ranks[-1, column])])
+        mine = group if column == mesh.get_local_rank("dp") else mine
+    return mine
+
+
+def free_other_stages(model: nn.Module, mine: list[nn.Module]) -> None:
     """Move the weights this rank's stages do not use to the meta device: their memory is freed (the model
-    keeps their shapes, for its parameter count)."""
-    kept = {id(p) for stage in mine for p in stage.parameters()}
-    for module in gpt.modules():
-        if not any(True for _ in module.children()) and not any(id(p) in kept for p in module.parameters()):
+    keeps their shapes, for its parameter count).  A module whose buffers a stage uses (a rotary embedding's
+    inv_freq) stays."""
+    kept = {id(t) for stage in mine for t in (*stage.parameters(), *stage.buffers())}
+    for module in model.modules():
+        tensors = [*module.parameters(), *module.buffers()]
+        if not any(True for _ in module.children()) and not any(id(t) in kept for t in tensors):
             module.to("meta")

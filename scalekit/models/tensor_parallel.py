@@ -11,15 +11,32 @@ would get all of q and half of k.  Its rows are regrouped by rank first ([q_0; k
 each rank's slice holds its own heads' q, k and v; `full_parameters` undoes the regrouping.
 A Hugging Face model is split by its own plan (`config.base_model_tp_plan`, transformers' tensor-parallel
 plan), read here and applied with the same two torch styles.
+
+Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+2022, section 4.2.2) splits what tensor parallelism leaves whole: between the split layers, the residual
+stream, the norms and their activations are cut along the sequence (`Shard(1)`), each rank normalising its
+own tokens (torch's `SequenceParallel`).  The row-wise layers then reduce-scatter instead of all-reducing
+(`RowwiseParallel(output_layouts=Shard(1))`), and attention and the MLP gather the sequence back at their
+input (`PrepareModuleInput`: `Shard(1)` → `Replicate()`): the same traffic as the all-reduce, and the norms'
+activations 1/degree per rank.  The first block cuts its input (the embeddings), the head gathers the last
+norm's output.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from ..errors import ConfigError
 
@@ -79,19 +96,69 @@ def ungroup_qkv(t: torch.Tensor, degree: int) -> torch.Tensor:
     return t.reshape(degree, 3, t.shape[0] // (3 * degree), *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def parallelize(model: nn.Module, mesh, degree: int) -> int:
-    """Split every block of `model` over `mesh` (tp_plan); the blocks split.  The built-in GPT's attention then
-    runs its share of the heads."""
+def parallelize(model: nn.Module, mesh, degree: int, sequence_parallel: bool = False) -> int:
+    """Split every block of `model` over `mesh` (tp_plan), with the norms split along the sequence if
+    `sequence_parallel`; the blocks split.  The built-in GPT's attention then runs its share of the heads."""
     pairs, heads = tp_plan(model, degree)
     gpt = is_builtin_gpt(model)
+    ends = sequence_ends(model) if sequence_parallel else None  # refused here before anything is split
     for block, plan in pairs:
         if gpt:
             with torch.no_grad():
                 for p in block.attn.c_attn.parameters():
                     p.copy_(group_qkv_by_rank(p, degree))
             block.attn.n_head = heads // degree  # its forward reads the local width from the tensors
-        parallelize_module(block, mesh, {name: STYLES[style]() for name, style in plan.items()})
+        styles = {name: STYLES[style]() for name, style in plan.items()}
+        if sequence_parallel:
+            styles = {**styles, **sequence_styles(block, plan, gpt)}
+        parallelize_module(block, mesh, styles)
+    if ends is not None:
+        first, norm, head = ends
+        parallelize_module(first, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                           desired_input_layouts=(Shard(1),), use_local_output=True))
+        parallelize_module(norm, mesh, SequenceParallel())
+        parallelize_module(head, mesh, PrepareModuleInput(input_layouts=(Shard(1),),
+                                                          desired_input_layouts=(Replicate(),), use_local_output=True))
     return len(pairs)
+
+
+def sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(the first block, the final norm, the head): where the sequence is cut and gathered back; ConfigError for a
+    model whose final norm scalekit does not find."""
+    if is_builtin_gpt(model):
+        return model.transformer.h[0], model.transformer.ln_f, model.lm_head
+    norm = getattr(getattr(model, "base_model", None), "norm", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if norm is None or head is None:
+        raise ConfigError(f"tensor_parallel sequence_parallel: {type(model).__name__} has no base_model.norm and "
+                          f"output embeddings where scalekit cuts and gathers the sequence (Llama-style decoders "
+                          f"and the built-in GPT have them)")
+    return _hf_plan(model)[0][0][0], norm, head
+
+
+def sequence_styles(block: nn.Module, plan: dict, gpt: bool) -> dict:
+    """A block's styles for sequence parallelism: its norms SequenceParallel, the row-wise layers reduce-scattering
+    along the sequence, attention and the MLP gathering it at their input."""
+    styles = {name: RowwiseParallel(output_layouts=Shard(1)) for name, style in plan.items() if style == "rowwise"}
+    norms = [name for name, child in block.named_children() if _is_norm(child)]
+    styles.update({name: SequenceParallel() for name in norms})
+    for inner in sorted({name.split(".")[0] for name in plan}):  # attention and the MLP
+        takes = block.get_submodule(inner)
+        if gpt and inner == "attn":  # attn(x, cache, input_pos, mask), positionally
+            styles[inner] = PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                               desired_input_layouts=(Replicate(), None, None, None))
+        elif not gpt and inner != "mlp" and "hidden_states" in inspect.signature(takes.forward).parameters:
+            # a Hugging Face attention is called with hidden_states=...; its MLP positionally
+            styles[inner] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                               desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        else:
+            styles[inner] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return styles
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A LayerNorm or RMSNorm (torch's, or a model's own class named so): one weight vector, no children."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
 
 
 def full_parameters(model: nn.Module, degree: int = 1, grads: bool = False) -> dict[str, torch.Tensor]:

@@ -16,8 +16,10 @@ distributed toggle.  Then it moves the parts the toggles say they move (their `p
   planned at full width (the replicated norms and residuals are; the split attention and MLP are not):
   an upper bound.  With fsdp too (2-D), fsdp shards over the data-parallel ranks: ranks / degree.
 - pipeline_parallel keeps 1/stages of the blocks per rank (the embeddings and head counted on every rank);
-  every stage sees the whole batch, and its activations are planned as one process's for the whole batch:
-  an upper bound (GPipe's last stage, with the head and every micro-batch in flight, comes closest).
+  every stage sees the whole batch, and keeps its own blocks' activations of every micro-batch (GPipe): the
+  built-in GPT's analytic plan counts a stage's blocks, a traced model's (a Hugging Face decoder) activations
+  are divided by the stages.  1F1B keeps fewer micro-batches in flight: for it the plan is an upper bound.
+  With `stages=S` and fsdp, S-stage pipelines run side by side and fsdp shards over them: ranks / S.
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.
@@ -59,6 +61,8 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     block_bytes = single.largest_block_bytes
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
+    if facts.pipeline_stages > 1 and single.method.startswith("traced"):  # (the GPT's analytic plan splits them)
+        activations //= facts.pipeline_stages  # a stage keeps its own blocks' activations (of every micro-batch)
     full = split_blocks(full, single.blocks_bytes, facts.tensor_parallel * facts.pipeline_stages)
     dp = world // facts.tensor_parallel // facts.pipeline_stages  # the ranks a sharding toggle splits over
     held = Parts(*(-(-getattr(full, p) // dp) if p in facts.sharded else getattr(full, p) for p in PARTS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -57,20 +58,26 @@ class FSDP(Toggle):
         # fully_shard changes the modules in place, so a compiled wrapper around them shards too
         for unit in units:
             fully_shard(unit, **kwargs)
-        fully_shard(ctx.base_model, **kwargs)  # the root: embeddings, final norm, head
+        # the root: embeddings, final norm, head; under pipeline_parallel the step calls this rank's stages (a
+        # ModuleList), each a root of its own, as torch's PipelineStage expects
+        roots = list(ctx.model) if isinstance(ctx.model, nn.ModuleList) else [ctx.base_model]
+        for root in roots:
+            fully_shard(root, **kwargs)
         if not ctx.config.custom_model:
             # the GPT returns a slice of its logits and nothing edits it in place: FSDP2's warning about
             # in-place edits of a returned view does not apply (for your own model it stays on)
             ctx.stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         ctx.stack.callback(release_model, ctx)
-        ctx.notes.append(f"fsdp: {len(units)} blocks + root sharded over {ctx.world_size} ranks")
+        over = ctx.world_size if ctx.data_mesh is None else ctx.data_mesh.size()
+        ctx.notes.append(f"fsdp: {len(units)} blocks + {len(roots)} root(s) sharded over {over} ranks")
 
 
     def plan(self, facts, value) -> None:
         facts.sharded = frozenset(("params", "grads", "state"))
         facts.gathers_blocks = True
-        facts.rank_notes.insert(0, f"fsdp: 1/{facts.world_size} of the weights, gradients and optimizer state per "
+        over = facts.world_size // facts.tensor_parallel // facts.pipeline_stages  # (set before: ORDER)
+        facts.rank_notes.insert(0, f"fsdp: 1/{over} of the weights, gradients and optimizer state per "
                                    f"rank, one block's full weights gathered at a time (two while the next is "
                                    f"prefetched) and one block's gradients reduce-scattered")
 

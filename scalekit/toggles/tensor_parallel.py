@@ -3,6 +3,11 @@
 With fsdp on too, the ranks form a 2-D (data parallel, tensor parallel) mesh, checked here against the number of
 ranks: tensor_parallel splits each block within a row of it, then fsdp (after it in ORDER) shards over its
 columns — torchtitan's order (TP, then FSDP).
+
+Values: a degree (`tensor_parallel=2`), or `"2,sequence_parallel"` for the norms and the residual stream split
+along the sequence too (Megatron's sequence parallelism: SequenceParallel norms, row-wise layers
+reduce-scattering, attention and the MLP gathering the sequence at their input); the degree must then divide
+the run's seq_len.
 """
 
 from __future__ import annotations
@@ -13,9 +18,16 @@ from ..distributed import available_with_ranks, distributed_available, rank, rel
 from ..errors import ConfigError
 from ..models.tensor_parallel import parallelize
 from .base import BuildContext, Spelling
-from .counted import CountToggle
+from .counted import CountToggle, as_count
 
 DEGREES = (2, 4, 8)
+SEQUENCE = "sequence_parallel"  # the option: "2,sequence_parallel"
+
+
+def parse(value) -> tuple[int, bool]:
+    """(degree, sequence-parallel norms) of a validated value: 2, or '2,sequence_parallel'."""
+    degree, _, option = str(value).partition(",")
+    return int(degree), option == SEQUENCE
 
 
 def tp_mesh(device_type: str, world: int, degree: int):
@@ -49,27 +61,49 @@ class TensorParallel(CountToggle):
                 "quantized_base": "quantized layers are not split by the plan",
                 "checkpointing": "not composed here yet (checkpointing wraps the blocks tensor_parallel splits)"}
 
+    def validate(self, value, owner: str = "RunConfig"):
+        """A degree (2, True for 2), or 'N,sequence_parallel' for the norms split along the sequence too."""
+        degree, comma, option = value.partition(",") if isinstance(value, str) else (value, "", "")
+        if not comma:
+            return super().validate(value, owner)
+        if option.strip() != SEQUENCE or as_count(degree) is None:
+            raise ConfigError(f"{owner}.toggles['tensor_parallel'] must be True (= {self.default}), a positive whole "
+                              f"number of ranks per block, or 'N,{SEQUENCE}' (norms split along the sequence); "
+                              f"got {value!r}")
+        return f"{as_count(degree)},{SEQUENCE}"
+
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("Tensor parallelism")
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         return distributed_available()
 
-    def apply(self, ctx: BuildContext, value: int) -> None:
+    def apply(self, ctx: BuildContext, value) -> None:
+        value, sequence = parse(value)
+        seq = ctx.config.seq_len
+        if sequence and seq % value:
+            raise ConfigError(f"tensor_parallel={value},{SEQUENCE}: the sequence of {seq} tokens does not split "
+                              f"over {value} ranks (the degree must divide RunConfig.seq_len={seq})")
         mesh = tp_mesh(ctx.device.type, ctx.world_size, value)
-        blocks = parallelize(ctx.base_model, mesh["tp"], value)
+        blocks = parallelize(ctx.base_model, mesh["tp"], value, sequence_parallel=sequence)
         dp = ctx.world_size // value
         ctx.data_parallel = (rank() // value, dp)  # the ranks of one tensor-parallel group share their rows
         ctx.data_mesh = mesh["dp"]  # fsdp, applied next (ORDER), shards over it: a 2-D (dp, tp) mesh
         ctx.stack.callback(release_model, ctx)
-        ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks; batch split {dp} ways")
+        split = ", norms split along the sequence" if sequence else ""
+        ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks{split}; batch split {dp} ways")
 
-    def plan(self, facts, value: int) -> None:
+    def plan(self, facts, value) -> None:
+        value, sequence = parse(value)
         facts.tensor_parallel = value
+        if sequence:
+            facts.rank_notes.append(f"{SEQUENCE}: the norms' activations are 1/{value} per rank, planned whole "
+                                    f"(an upper bound)")
         facts.rank_notes.append(f"tensor_parallel: 1/{value} of each block's weights, gradients and optimizer state "
                                 f"per rank, the rest replicated; the ranks of a group share their batch")
 
-    def spelling(self, target, value: int, cfg) -> Spelling:
+    def spelling(self, target, value, cfg) -> Spelling:
+        value, _ = parse(value)
         if target == "hf":
             return Spelling(model_kwargs={"tp_plan": "'auto'"},
                             notes=(f"tensor_parallel={value}: transformers applies the model's own tp_plan when "
