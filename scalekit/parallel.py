@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 
 def shard_kwargs(ctx, mesh, reshard_after_forward: bool = True) -> dict:
     """fully_shard's options for this run: the mesh, mixed precision and CPU offload
     (read from the context), and whether each block's weights are freed after its forward (ZeRO-3) or kept
     gathered until its backward (ZeRO-2)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy  # imported when used
+
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if ctx.wrapper_param_dtype is not None:
         # compute in the precision toggle's dtype, reduce gradients in fp32: the sharded fp32 weights stay

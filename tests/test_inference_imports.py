@@ -41,3 +41,14 @@ else:
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# torch's heavy corners (each about a second to import, sympy and dynamo with them): imported where a run uses them
+HEAVY_TORCH = ("torch._dynamo", "torch._inductor", "torch.distributed.pipelining", "torch.distributed.fsdp",
+               "torch.distributed.tensor.parallel", "sympy")
+
+
+def test_import_scalekit_leaves_torchs_heavy_corners_to_the_runs_that_use_them():
+    code = ("import sys, torch; before = set(sys.modules); import scalekit, scalekit.cli; "
+            f"bad = [m for m in {HEAVY_TORCH!r} if m in sys.modules and m not in before]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from ..errors import ConfigError
 from .chunked_loss import IGNORE_INDEX
 from .decoder_stages import DecoderStage, decoder_refusal, decoder_targets, summed_loss
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+# torch.distributed.pipelining and fsdp are imported where a pipeline is built: importing them takes about a
+# second, which `import scalekit` (every notebook kernel, every CLI call) should not pay
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 LOOPED = ("interleaved",)  # schedules that put several smaller stages on each rank (here: 2)
 STAGES_PER_RANK = 2
 
@@ -134,9 +134,11 @@ class Pipeline:
         self.group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         self.layout, self.micro_batches, self.count = layout(model), micro_batches, 1
         self.module = nn.ModuleList(mine)  # what this rank trains: the run's model
+        from torch.distributed import pipelining
+
         total = stages * len(mine)
-        piped = [PipelineStage(s, rank + k * stages, total, device, group=self.group) for k, s in enumerate(mine)]
-        kind = SCHEDULES[schedule]
+        piped = [pipelining.PipelineStage(s, rank + k * stages, total, device, group=self.group) for k, s in enumerate(mine)]
+        kind = getattr(pipelining, SCHEDULES[schedule])
         self.schedule = kind(piped if schedule in LOOPED else piped[0], n_microbatches=micro_batches,
                              loss_fn=self.micro_batch_loss)
         # the module holding this rank's copy of the tied embedding/head weight, where the first and last stage are
@@ -154,6 +156,8 @@ class Pipeline:
     def __call__(self, model, batch) -> torch.Tensor:
         if model is not self.module:  # called on the whole model (counting a step's FLOPs): this rank's share
             return self.local_work(batch)
+        from torch.distributed.fsdp import FSDPModule
+
         if self.dp > 1 and not all(isinstance(m, FSDPModule) for m in self.module):
             raise ConfigError(f"pipeline_parallel: {self.dp} pipelines of {self.stages} stages side by side must "
                               f"average their gradients: turn fsdp on too, or give stages={self.stages * self.dp}")

@@ -6,7 +6,6 @@ import warnings
 
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from ..checks import dict_or_none, one_of
 from ..distributed import available_with_ranks, distributed_available, release_model
@@ -53,6 +52,8 @@ class FSDP(Toggle):
         return distributed_available()
 
     def apply(self, ctx: BuildContext, value) -> None:
+        from torch.distributed.fsdp import fully_shard  # imported when used: it takes about a second
+
         kwargs = fsdp_kwargs(ctx)
         units = [] if ctx.blocks is None else list(ctx.blocks)  # the run's blocks, one rule for every toggle
         # fully_shard changes the modules in place, so a compiled wrapper around them shards too

@@ -16,7 +16,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ..distributed import available_with_ranks, distributed_available, rank, release_model
 from ..errors import ConfigError
-from ..models.tensor_parallel import parallelize
 from .base import BuildContext, Spelling
 from .counted import CountToggle, as_count
 
@@ -85,6 +84,8 @@ class TensorParallel(CountToggle):
             raise ConfigError(f"tensor_parallel={value},{SEQUENCE}: the sequence of {seq} tokens does not split "
                               f"over {value} ranks (the degree must divide RunConfig.seq_len={seq})")
         mesh = tp_mesh(ctx.device.type, ctx.world_size, value)
+        from ..models.tensor_parallel import parallelize  # torch's tensor-parallel API: imported when used
+
         blocks = parallelize(ctx.base_model, mesh["tp"], value, sequence_parallel=sequence)
         dp = ctx.world_size // value
         ctx.data_parallel = (rank() // value, dp)  # the ranks of one tensor-parallel group share their rows

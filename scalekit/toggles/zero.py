@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ..distributed import available_with_ranks, distributed_available, release_model
@@ -42,6 +41,8 @@ class Zero(Toggle):
         return distributed_available()
 
     def apply(self, ctx: BuildContext, value: str) -> None:
+        from torch.distributed.fsdp import fully_shard  # imported when used: it takes about a second
+
         if value == "zero1":
             device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             ctx.model = DistributedDataParallel(ctx.model, device_ids=device_ids)
