@@ -87,3 +87,21 @@ def step_time_figure(results_or_rows, title: str = "Time per step: waiting for d
     fig.update_layout(barmode="stack", title=title, yaxis_title="ms per step", legend_title_text="part",
                       margin=dict(t=60, b=40), height=380)
     return fig
+
+
+def heldout_curves_figure(curves: dict, before: float | None = None,
+                          title: str = "Held-out loss during fine-tuning"):
+    """A line per method: held-out loss (nats per token) against training steps, from {label: [(step, loss),
+    ...]} (scalekit.finetune.heldout_curve); `before`, the pretrained model's loss, as a dotted line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for label, points in curves.items():
+        fig.add_scatter(x=[s for s, _ in points], y=[v for _, v in points], mode="lines+markers", name=label,
+                        hovertemplate=label + "<br>step %{x}: %{y:.4f}<extra></extra>")
+    if before is not None:
+        fig.add_hline(y=before, line_dash="dot", line_color="grey", annotation_text=f"before {before:.3f}",
+                      annotation_position="top right")
+    fig.update_layout(title=title, xaxis_title="training step", yaxis_title="held-out loss (nats per token)",
+                      legend_title_text="method", margin=dict(t=60, b=40), height=420)
+    return fig
