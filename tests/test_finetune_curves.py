@@ -59,3 +59,14 @@ def test_the_ladder_trains_adapters_at_adapter_lr_and_the_full_model_at_its_lr()
     # the curve of a LoRA run starts where the pretrained model is: B starts at zero
     assert heldout_curve(finetune_config(**SMALL, toggles={"lora": 2}), every=2, hw=CPU)[0][1] == \
         full.heldout_loss_before
+
+
+def test_the_curves_figure_draws_a_line_per_method_and_the_before():
+    pytest.importorskip("plotly", reason="figures need plotly")
+    from scalekit.figures import heldout_curves_figure
+
+    curves = {"full": [(0, 1.8), (5, 1.7)], "LoRA": [(0, 1.8), (5, 1.75)]}
+    fig = heldout_curves_figure(curves, before=1.8)
+    assert [t.name for t in fig.data] == ["full", "LoRA"]
+    assert list(fig.data[1].x) == [0, 5] and list(fig.data[1].y) == [1.8, 1.75]
+    assert any(shape.y0 == 1.8 for shape in fig.layout.shapes)  # the before line
