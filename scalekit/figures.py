@@ -138,4 +138,21 @@ def step_curves_figure(results, title: str = "Step time and loss, step by step")
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="loss", row=1, col=2)
     fig.update_layout(title=title, height=360, margin=dict(t=70, b=40), template="plotly_white")
+
+
+def heldout_curves_figure(curves: dict, before: float | None = None,
+                          title: str = "Held-out loss during fine-tuning"):
+    """A line per method: held-out loss (nats per token) against training steps, from {label: [(step, loss),
+    ...]} (scalekit.finetune.heldout_curve); `before`, the pretrained model's loss, as a dotted line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for label, points in curves.items():
+        fig.add_scatter(x=[s for s, _ in points], y=[v for _, v in points], mode="lines+markers", name=label,
+                        hovertemplate=label + "<br>step %{x}: %{y:.4f}<extra></extra>")
+    if before is not None:
+        fig.add_hline(y=before, line_dash="dot", line_color="grey", annotation_text=f"before {before:.3f}",
+                      annotation_position="top right")
+    fig.update_layout(title=title, xaxis_title="training step", yaxis_title="held-out loss (nats per token)",
+                      legend_title_text="method", margin=dict(t=60, b=40), height=420)
     return fig

@@ -4,22 +4,32 @@
 the first 80% of the held-out tail of the corpus ("new-plays"), its loss on the rest measured before and
 after.  `finetune_ladder` measures full fine-tuning, then each cheaper method alone (they are
 alternatives, not a cumulative ladder): head only, LoRA, DoRA, QLoRA, and QLoRA with activation
-checkpointing and an 8-bit optimizer.
+checkpointing and an 8-bit optimizer.  Adapters (and a head alone) train at `ADAPTER_LR`, the full model at
+`LR`: each method at a rate that suits it.  `heldout_curve` trains one configuration and reads the held-out
+loss every few steps, with the engine's one definition of it (`scalekit.engine.heldout_tokens`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from .config import RunConfig
-from .engine import run
+from .engine import heldout_tokens, run
 from .hardware import cuda_gpu_present, detect
 from .measure.results import RunResult
+from .measure.session import pin_threads
+from .models.pretrained import heldout_loss
 from .rounds import check_repeats, repeat_rows, timing_only
 from .toggles import TOGGLES
+from .training import build, train_step
 
 PRESET = "shakespeare-char"
-LR = 3e-4  # a fine-tuning rate: a tenth of the pretraining peak (3e-3)
+LR = 3e-4  # full fine-tuning's rate: a tenth of the pretraining peak (3e-3)
+# Adapters are few values and B starts at zero, so their update begins small: at LR they barely move in a short
+# run (chapter 09 measures it); ten times the full model's rate suits them, and a head alone too.
+ADAPTER_LR = 3e-3
+ADAPTER_TOGGLES = ("lora", "dora", "head_only")  # what makes a run train only a few new or added weights
 CPU_SEQ_LEN = 128  # the model's context is 1024; a CPU fine-tunes shorter windows in reasonable time
 
 FINETUNE_RUNGS: tuple[tuple[str, dict], ...] = (
@@ -41,12 +51,21 @@ def finetune_config(**overrides) -> RunConfig:
     return RunConfig(**fields)
 
 
+def method_lr(toggles: dict, lr: float, adapter_lr: float | None) -> float:
+    """The learning rate of a method: `adapter_lr` for runs that train adapters or a head alone (when given),
+    `lr` for the rest."""
+    if adapter_lr is not None and any(toggles.get(name) for name in ADAPTER_TOGGLES):
+        return adapter_lr
+    return lr
+
+
 def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_status=None, on_result=None,
-                    stop=None, repeats: int = 1) -> list[RunResult]:
+                    stop=None, repeats: int = 1, adapter_lr: float | None = None) -> list[RunResult]:
     """Each fine-tuning method on the same model, data and steps; a rung this machine cannot run is skipped
     with the reason.  `base` (e.g. from the command line) gives steps, batch and the like; its preset, data
     and starting weights are the fine-tuning ones unless it names its own.  `repeats`: each row measured that
-    many times, the order alternating (scalekit.rounds)."""
+    many times, the order alternating (scalekit.rounds).  `adapter_lr`: the rate of the rows that train
+    adapters or a head alone (None: base.lr for every row)."""
     check_repeats("finetune_ladder(repeats=)", repeats)
     base = _finetune_base(base)
     hw = detect(base.device)
@@ -55,7 +74,9 @@ def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_stat
         if stop is not None and stop.is_set():
             break
         why = next((w for n in toggles if not (w := TOGGLES[n].available(hw))[0]), None)
-        cfg = None if why is not None else dataclasses.replace(base, toggles={**base.toggles, **toggles}, label=label)
+        both = {**base.toggles, **toggles}
+        cfg = None if why is not None else dataclasses.replace(base, toggles=both, label=label,
+                                                               lr=method_lr(both, base.lr, adapter_lr))
         if cfg is None:
             result = RunResult(label=label, config={}, status="skipped", error=why[1], device=hw.device_name)
         else:
@@ -82,3 +103,28 @@ def _finetune_base(base: RunConfig | None) -> RunConfig:
                                   and f.default_factory is dataclasses.MISSING},
                                **({"seq_len": base.seq_len} if base.seq_len else {}))
     return base
+
+
+def heldout_curve(config: RunConfig, every: int, hw=None) -> list[tuple[int, float]]:
+    """Train `config` for config.steps steps (its warm-up steps included in none of them) and read the held-out
+    loss before the first step and after every `every` steps: [(step, nats per token), ...].  The held-out
+    text is the engine's, as a run's heldout_loss_before/after reads it (the first windows of the data's
+    held-out part), so a curve's ends and a run's before/after are the same measurement.  Untimed."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"heldout_curve(every=...) must be a positive number of steps, got {every!r}")
+    hw = hw or detect(config.device)
+    cfg = config.resolve(hw)
+    tokens = heldout_tokens(cfg)
+    if tokens is None:
+        raise ValueError(f"heldout_curve: RunConfig.data={cfg.data!r} has no held-out part (fine-tuning data such "
+                         f"as 'new-plays' has)")
+    with contextlib.ExitStack() as stack:
+        pin_threads(stack, cfg.threads)
+        ctx = build(cfg, hw, stack)
+        points = [(0, heldout_loss(ctx.base_model, tokens, cfg.seq_len))]
+        for step in range(1, cfg.steps + 1):
+            train_step(ctx, next(ctx.batches))
+            if step % every == 0 or step == cfg.steps:
+                points.append((step, heldout_loss(ctx.base_model, tokens, cfg.seq_len)))
+        del ctx
+    return points

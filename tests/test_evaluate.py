@@ -46,6 +46,20 @@ def test_the_held_out_batches_are_the_validation_split_fixed():
     assert x.shape == (cfg.batch_size, cfg.seq_len) and torch.equal(x[:, 1:], y[:, :-1])
 
 
+def test_fine_tuning_data_is_evaluated_on_its_own_held_out_split_not_on_its_training_text():
+    import numpy as np
+
+    from scalekit.data import load_tokens
+
+    cfg = tiny(data="new-plays", eval_every=1, eval_batches=1).resolve(CPU)
+    x, _ = heldout_batches(cfg, CPU.device)[0]
+    heldout = np.asarray(load_tokens("new-plays-heldout"))
+    first = torch.from_numpy(heldout[:cfg.seq_len].astype(np.int64))
+    assert torch.equal(x[0], first)  # the held-out split's first window, not the corpus's validation text
+    val = np.asarray(load_tokens("val"))
+    assert not torch.equal(x[0], torch.from_numpy(val[:cfg.seq_len].astype(np.int64)))
+
+
 def test_your_own_model_is_evaluated_on_batches_made_once():
     r = run(RunConfig(model=Regressor, batch_fn=regression_batch, loss_fn=mse_loss, steps=4, warmup_steps=0,
                       eval_every=2, device="cpu"), hw=CPU)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..data import dataset_loader, load_tokens, synthetic_batches, to_device
+from ..data.loaders import FINETUNE_HELDOUT
 from ..errors import ConfigError
 from ..models.presets import PRESETS
 from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
@@ -40,7 +41,9 @@ def heldout_batches(cfg, device, family=None) -> list:
         vocab = family.vocab_size if family is not None else PRESETS[cfg.preset].vocab_size
         batches = synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed + 1, device)
         return [convert(x, y) for x, y in islice(batches, cfg.eval_batches)]
-    tokens = np.asarray(load_tokens("val"))
+    # the held-out part of what the run trains on: a fine-tuning source's own held-out split (its training text
+    # is part of the corpus's validation split), else the corpus's validation split
+    tokens = np.asarray(load_tokens(FINETUNE_HELDOUT.get(cfg.data, "val")))
     T, B = cfg.seq_len, cfg.batch_size
     fit = (len(tokens) - 1) // T
     if fit < B:
