@@ -111,6 +111,7 @@ def decode_growth_figure(results, kv_bytes: dict, title: str = "Generating token
                             line_color=colour, legendgroup=r.label, showlegend=False, row=1, col=2)
     fig.update_xaxes(title_text="tokens generated")
     fig.update_layout(title=title, height=360, margin=dict(t=70, b=40))
+    return fig
 
 
 def step_curves_figure(results, title: str = "Step time and loss, step by step"):
@@ -138,6 +139,7 @@ def step_curves_figure(results, title: str = "Step time and loss, step by step")
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="loss", row=1, col=2)
     fig.update_layout(title=title, height=360, margin=dict(t=70, b=40), template="plotly_white")
+    return fig
 
 
 def heldout_curves_figure(curves: dict, before: float | None = None,

@@ -281,7 +281,9 @@ def test_one_rule_decides_the_blocks_for_checkpointing_and_fsdp(monkeypatch):
         checkpointed = [b for b in ctx.blocks if "forward" in vars(b)]  # the toggle wraps block.forward
         assert len(checkpointed) == 3
         sharded = []
-        monkeypatch.setattr(fsdp_module, "fully_shard", lambda module, **kw: sharded.append(module))
+        import torch.distributed.fsdp as torch_fsdp  # the toggle imports fully_shard from it when it applies
+
+        monkeypatch.setattr(torch_fsdp, "fully_shard", lambda module, **kw: sharded.append(module))
         monkeypatch.setattr(fsdp_module, "init_device_mesh", lambda *a: None)
         TOGGLES["fsdp"].apply(ctx, True)
         assert sharded[:-1] == list(ctx.blocks) and sharded[-1] is ctx.base_model  # the same blocks, then the root
