@@ -51,6 +51,8 @@ def noise(nb) -> list[str]:
             data = output.get("data", {})
             if WIDGET in data:  # a live widget: its plain-text fallback is not what a reader sees
                 continue
+            if "font-family: monospace" in "".join(data.get("text/html", "")):  # source shown by show_code
+                continue
             # what a static page shows: the HTML where there is some (a table cut by pandas shows there)
             text = output.get("text") or "".join(data.get("text/html", "")) or "".join(data.get("text/plain", ""))
             for pattern, what in NOISE:
