@@ -5,7 +5,8 @@
     bash benchmarks/gpu_reference.sh OUT_DIR                # installs wheels brought along, then runs this
 
 Sections run in priority order, each in its own process under its own time limit, so a section that hangs
-or crashes costs only its own slot; results are written after every section (`OUT_DIR/reference.json` and
+or crashes costs only its own slot (a dry run's toy sections share one process, and one that raises is reported
+and the next still runs); results are written after every section (`OUT_DIR/reference.json` and
 `OUT_DIR/reference.md`, both atomically), so a run cut off at any point still leaves what it measured.
 
 Sections (see SECTIONS): the gpu-marked tests; the training ladder on gpt2-124m with a bare PyTorch loop
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,26 +53,44 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run_section(name: str, limit_s: float, dry_run: bool) -> dict:
-    """One section in a child process, under its limit: its JSON, or why there is none."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name] + (["--dry-run"] if dry_run else [])
+def run_sections(names: list[str], limit_s: float, dry_run: bool) -> dict[str, dict]:
+    """Sections in one child process, under one limit: each one's JSON, or why there is none.  A section that
+    raises is reported as failed by the child, which goes on to the next; one that hangs or crashes the child
+    costs the sections after it in the same child."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *names] + (["--dry-run"] if dry_run else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT,
                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        stdout, stderr, why = proc.stdout, proc.stderr, f"exit code {proc.returncode}"
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-2000:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        return {"status": "timed out", "why": f"over its {limit_s:.0f} s limit", "stderr_tail": tail,
-                "seconds": time.monotonic() - t0}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SECTION-RESULT ")]
-    if proc.returncode != 0 or not lines:
-        return {"status": "failed", "why": f"exit code {proc.returncode}", "stderr_tail": proc.stderr[-3000:],
-                "seconds": time.monotonic() - t0}
-    out = json.loads(lines[-1][len("SECTION-RESULT "):])
-    out.setdefault("status", "ok")
-    out["seconds"] = time.monotonic() - t0
-    return out
+        stdout, stderr = (text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
+                          for text in (exc.stdout, exc.stderr))
+        why = f"over its {limit_s:.0f} s limit"
+    results = {}
+    for line in stdout.splitlines():
+        if line.startswith("SECTION-RESULT "):
+            name, _, doc = line[len("SECTION-RESULT "):].partition(" ")
+            results[name] = {"status": "ok", **json.loads(doc)}
+    seconds = time.monotonic() - t0
+    for name in names:  # what the child did not report: the limit or a crash took it
+        results.setdefault(name, {"status": "timed out" if "limit" in why else "failed", "why": why,
+                                  "stderr_tail": stderr[-3000:]})
+        results[name].setdefault("seconds", seconds)
+    return {name: results[name] for name in names}
+
+
+def run_child(names: list[str], dry_run: bool) -> None:
+    """In the child: each section in turn, its result printed as one line the parent reads, with its seconds; a
+    section that raises is reported failed with its traceback's tail, and the next one still runs."""
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            result = SECTIONS[name][0](dry_run=dry_run)
+        except Exception:  # noqa: BLE001 - reported in the section's row; the run goes on
+            result = {"status": "failed", "why": "raised", "stderr_tail": traceback.format_exc()[-3000:]}
+        result["seconds"] = time.monotonic() - t0
+        print(f"SECTION-RESULT {name} " + json.dumps(result, default=str), flush=True)
 
 
 def markdown(doc: dict) -> str:
@@ -127,12 +147,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, help="folder for reference.json and reference.md")
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on whatever device there is (CI)")
-    parser.add_argument("--child", metavar="SECTION", help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs="+", metavar="SECTION", help=argparse.SUPPRESS)
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), help="only these sections")
     args = parser.parse_args()
     if args.child:
-        result = SECTIONS[args.child][0](dry_run=args.dry_run)
-        print("SECTION-RESULT " + json.dumps(result, default=str), flush=True)
+        run_child(args.child, args.dry_run)
         return 0
     if args.out is None:
         parser.error("OUT is required (the folder the figures go into)")
@@ -140,15 +159,19 @@ def main() -> int:
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "dry_run": args.dry_run, "environment": environment(), "sections": {}}
     t0 = time.monotonic()
-    for name, (_, limit_s) in SECTIONS.items():
-        if args.sections and name not in args.sections:
-            continue
+    chosen = [name for name in SECTIONS if not args.sections or name in args.sections]
+    # on the GPU each section has a process of its own (CUDA state, an out-of-memory, a hang cost only their own
+    # slot); a dry run's toy sections share one, which saves a process start and torch's import per section
+    groups = [chosen] if args.dry_run else [[name] for name in chosen]
+    for group in groups:
         left = TOTAL_BUDGET_S - (time.monotonic() - t0)
         if left < 10:
-            doc["sections"][name] = {"status": "not run", "why": "the total time budget was spent"}
+            doc["sections"].update({name: {"status": "not run", "why": "the total time budget was spent"}
+                                    for name in group})
         else:
-            print(f"[{time.monotonic() - t0:5.0f} s] {name} (limit {min(limit_s, left):.0f} s)", flush=True)
-            doc["sections"][name] = run_section(name, min(limit_s, left), args.dry_run)
+            limit_s = min(sum(SECTIONS[name][1] for name in group), left)
+            print(f"[{time.monotonic() - t0:5.0f} s] {', '.join(group)} (limit {limit_s:.0f} s)", flush=True)
+            doc["sections"].update(run_sections(group, limit_s, args.dry_run))
         write_atomic(args.out / "reference.json", json.dumps(doc, indent=1, default=str) + "\n")
         write_atomic(args.out / "reference.md", markdown(doc))
     print(f"done in {time.monotonic() - t0:.0f} s: {args.out / 'reference.md'}")
