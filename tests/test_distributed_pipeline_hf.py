@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -160,21 +161,40 @@ def test_a_pipeline_mesh_that_does_not_fit_the_ranks_is_refused_naming_the_numbe
     assert two_d.params_bytes == -(-pp.params_bytes // 2)  # fsdp halves what each stage holds
 
 
-def _raises_under_the_pipeline():
+def _fails_under_the_pipeline(how: str):
     dist.init_process_group("gloo")
     with contextlib.ExitStack() as stack:
         ctx = build(config("llama", {"pipeline_parallel": "1f1b"}).resolve(CPU), CPU, stack)
         train_step(ctx, next(ctx.batches))
         if dist.get_rank() == 1:
+            if how == "hang":
+                time.sleep(600)
             raise ValueError("rank one broke inside the pipeline")
         train_step(ctx, next(ctx.batches))  # rank 0 waits for the activations' gradient from rank 1
 
 
 def test_a_rank_that_raises_under_pipeline_parallel_on_a_hugging_face_model_is_named_first():
     with pytest.raises(LaunchError) as info:
-        launch(_raises_under_the_pipeline, nprocs=2, timeout_s=60)
+        launch(_fails_under_the_pipeline, "raise", nprocs=2, timeout_s=60)
     assert info.value.rank == 1
     assert str(info.value).splitlines()[0] == "rank 1 failed: ValueError: rank one broke inside the pipeline"
+
+
+@pytest.mark.slow  # the fault is the hang: the limit leaves the ranks time to build and take a step first
+def test_a_rank_that_hangs_under_pipeline_parallel_on_a_hugging_face_model_is_stopped_at_the_time_limit_and_named():
+    import transformers
+
+    # a Llama built here first: the forked ranks inherit transformers' modules, imported, and spend the limit on
+    # building and a step, then the hang
+    transformers.AutoModelForCausalLM.from_config(model_config("llama"))
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(_fails_under_the_pipeline, "hang", nprocs=2, timeout_s=12)
+    text = str(info.value)
+    assert info.value.timed_out and text.startswith("the launch reached its time limit of 12 s"), text
+    assert "rank 1 was in _fails_under_the_pipeline (" in text  # where it hung, from its own stack
+    assert time.monotonic() - started < 30  # stopped at the limit, not at gloo's own timeout (and no process left:
+    # the fixture checks)
 
 
 def test_layers_that_do_not_split_into_the_stages_or_a_family_not_split_are_refused_naming_the_numbers():
