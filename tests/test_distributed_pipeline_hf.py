@@ -102,8 +102,9 @@ def _pipelines_side_by_side():
     two_d = {"pipeline_parallel": "1f1b/2,stages=2", "fsdp": True}
     out = {"gpt": train(gpt_config(two_d)), "llama": train(config("llama", two_d))}
     gpipe = {"pipeline_parallel": "gpipe,stages=2", "fsdp": True}
-    run = scalekit.run(dataclasses.replace(gpt_config(gpipe), steps=1))  # each rank's measured peak, for the planner
-    out["peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
+    for model, cfg in (("gpt", gpt_config(gpipe)), ("llama", config("llama", gpipe))):  # each rank's measured
+        run = scalekit.run(dataclasses.replace(cfg, steps=1))  # peak, for the planner
+        out[f"{model} peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
     dist.destroy_process_group()
     return out
 
@@ -126,10 +127,16 @@ def test_two_pipelines_side_by_side_sharded_by_fsdp_train_like_one_process(one_p
 
     refs = {"gpt": train(gpt_config()), "llama": one_process["llama"]}
     outs = launch(_pipelines_side_by_side, nprocs=4, timeout_s=240)
-    planned = estimate(gpt_config({"pipeline_parallel": "gpipe,stages=2", "fsdp": True}), device="cpu", world_size=4)
-    measured = max(out["peak"] for out in outs)
-    error = (planned.peak_bytes - measured) / measured
-    assert abs(error) < 0.15, f"planned {planned.peak_bytes:,} vs measured {measured:,}: {error:+.1%}"
+    # the planner: each rank's peak, the last stage's (its logits and loss; fsdp's stage held gathered between the
+    # micro-batches' backwards) the highest, within 15% of the measured
+    gpipe = {"pipeline_parallel": "gpipe,stages=2", "fsdp": True}
+    for model, cfg in (("gpt", gpt_config(gpipe)), ("llama", config("llama", gpipe))):
+        planned = estimate(cfg, device="cpu", world_size=4).peak_bytes
+        peaks = [out[f"{model} peak"] for out in outs]  # ranks 0, 1: the first stage; 2, 3: the last
+        measured = max(peaks)
+        error = (planned - measured) / measured
+        assert abs(error) < 0.15, f"{model}: planned {planned:,} vs measured {measured:,} ({peaks}): {error:+.1%}"
+        assert min(peaks[2:]) > max(peaks[:2]), (model, peaks)
     for out in outs:
         for model, (ref_losses, ref_params, _, ref_grads) in refs.items():
             losses, params, _, grads = out[model]
