@@ -2,7 +2,8 @@
 
 4 gloo ranks as a (pipeline 2, data 1, tensor 2) mesh: the model split into 2 stages, each stage's blocks split
 over 2 tensor-parallel ranks, against one process with the whole batch, on the losses, every step's gradients and
-the weights after a few steps (fp32): the built-in GPT and a tiny Llama built from its config.  A mesh that does not
+the weights after a few steps (fp32): the built-in GPT (also with fsdp over the mesh's data-parallel dimension)
+and a tiny Llama built from its config.  A mesh that does not
 fit the ranks is refused before anything is built, naming every number.
 """
 
@@ -28,7 +29,9 @@ THREE_D = {"pipeline_parallel": "1f1b/2,stages=2", "tensor_parallel": 2}
 
 def _three_d():
     dist.init_process_group("gloo")
-    out = {"gpt": train(gpt_config(THREE_D)), "llama": train(llama_config("llama", THREE_D))}
+    out = {"gpt": train(gpt_config(THREE_D)), "llama": train(llama_config("llama", THREE_D)),
+           # fsdp too, over the mesh's data-parallel dimension (of 1 here: the composition of the three, not a saving)
+           "gpt + fsdp": train(gpt_config({**THREE_D, "fsdp": True}))}
     dist.destroy_process_group()
     return out
 
@@ -40,7 +43,8 @@ def one_process():  # first: transformers, imported here, is then inherited by t
 
 def test_pipeline_stages_split_by_tensor_parallel_train_like_one_process(one_process):
     outs = launch(_three_d, nprocs=4, timeout_s=240)
-    for model, (ref_losses, ref_params, ref_state, ref_grads) in one_process.items():
+    for model in ("gpt", "llama", "gpt + fsdp"):
+        ref_losses, ref_params, ref_state, ref_grads = one_process[model.split()[0]]
         for out in outs:
             losses, params, state, grads = out[model]
             assert losses == pytest.approx(ref_losses, rel=1e-5), model
