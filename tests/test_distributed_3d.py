@@ -41,6 +41,7 @@ def one_process():  # first: transformers, imported here, is then inherited by t
     return {"gpt": train(gpt_config()), "llama": train(llama_config("llama"))}
 
 
+@pytest.mark.slow  # 4 ranks, as the 2-D tests
 def test_pipeline_stages_split_by_tensor_parallel_train_like_one_process(one_process):
     outs = launch(_three_d, nprocs=4, timeout_s=240)
     for model in ("gpt", "llama", "gpt + fsdp"):
@@ -95,3 +96,17 @@ def test_the_planner_splits_each_stage_over_the_tensor_parallel_ranks():
     assert with_fsdp.params_bytes == -(-three_d.params_bytes // 2)  # fsdp shards what is left over 2 data ranks
     assert any("tensor_parallel: 1/2" in n for n in three_d.notes)
     assert any("pipeline_parallel: 1/2 of the blocks" in n for n in three_d.notes)
+
+
+def test_tensor_parallel_splits_only_the_blocks_of_this_ranks_stage_and_refuses_sequence_parallel_norms_there():
+    from scalekit.models import GPT
+    from scalekit.models.gpt import GPTConfig
+    from scalekit.models.tensor_parallel import parallelize
+
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=8))
+    with pytest.raises(ConfigError, match=r"tensor_parallel=2,sequence_parallel: the sequence is cut at the model's "
+                                          r"first block and gathered at its head, and this rank holds 1 of its 2 "
+                                          r"blocks \(a pipeline's stage\)"):
+        parallelize(gpt, None, 2, sequence_parallel=True, only=gpt.transformer.h[1:])
+    with pytest.raises(ConfigError, match="none of the 2 blocks of GPT's plan is among the blocks this rank holds"):
+        parallelize(gpt, None, 2, only=[gpt.transformer.wte])
