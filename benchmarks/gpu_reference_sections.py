@@ -521,18 +521,20 @@ def training_kernels(dry_run: bool) -> dict:
         why["liger"] = reason
     return {"tables": tables, "claims": claims, "claims_why": why}
 
-# -- tensor, pipeline and 2-D parallelism ------------------------------------------------------------------
+# -- tensor, pipeline, 2-D and 3-D parallelism -------------------------------------------------------------
 PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
                   "fsdp (ZeRO-3)": {"fsdp": True}, "tensor_parallel=2": {"tensor_parallel": 2},
                   "tensor_parallel=2,sequence_parallel": {"tensor_parallel": "2,sequence_parallel"},
                   "pipeline_parallel 1f1b/8": {"pipeline_parallel": "1f1b/8"},
                   "pipeline_parallel 1f1b/8, Hugging Face Llama": {"pipeline_parallel": "1f1b/8"},
                   "2-D fsdp x tensor_parallel=2": {"fsdp": True, "tensor_parallel": 2},
-                  "2-D pipeline_parallel 1f1b/8,stages=2 x fsdp": {"pipeline_parallel": "1f1b/8,stages=2", "fsdp": True}}
+                  "2-D pipeline_parallel 1f1b/8,stages=2 x fsdp": {"pipeline_parallel": "1f1b/8,stages=2", "fsdp": True},
+                  "3-D pipeline_parallel 1f1b/8,stages=2 x tensor_parallel=2": {"pipeline_parallel": "1f1b/8,stages=2",
+                                                                               "tensor_parallel": 2}}
 
 
 def parallelism(dry_run: bool) -> dict:
-    """Per-rank memory of each mode, planned; measured too where there are GPUs enough (2; 4 for 2-D)."""
+    """Per-rank memory of each mode, planned; measured too where there are GPUs enough (2; 4 for 2-D and 3-D)."""
     from scalekit import RunConfig, estimate
     from scalekit.hardware import gpu_count_without_cuda_init
 
@@ -540,7 +542,7 @@ def parallelism(dry_run: bool) -> dict:
     preset, batch = ("tiny", 8) if dry_run else ("gpt2-124m", 8)
     rows = []
     for label, toggles in PARALLEL_MODES.items():
-        world = 4 if "2-D" in label else 2
+        world = 4 if "2-D" in label or "3-D" in label else 2
         model = None
         if "Llama" in label:  # the same shape as a Llama built from its config (transformers, no hub)
             from scalekit.hf import causal_lm

@@ -1,14 +1,23 @@
 """What the distributed toggles share: FSDP2's options read from the build context, ZeRO-1's optimizer, meshes.
 
-fsdp (ZeRO-3), zero (ZeRO-1, ZeRO-2) and tensor_parallel all build on torch.distributed; the helpers they
-have in common live here (a toggle never imports another toggle), so each rule is written once.
+fsdp (ZeRO-3), zero (ZeRO-1, ZeRO-2), tensor_parallel and pipeline_parallel all build on torch.distributed; the
+helpers they have in common live here (a toggle never imports another toggle), so each rule is written once.
+
+The device mesh is one of them: each parallel toggle declares its dimension (Toggle.mesh_dims: 'pp' pipeline
+stages, 'tp' tensor-parallel degree), `mesh_shape` checks them together against the ranks, and the run builds one
+(pp, dp, tp) mesh before its toggles act (training.build), which they read as BuildContext.mesh: the pipeline takes
+'pp', tensor parallelism 'tp', fsdp shards over 'dp'.  The order they apply in is ORDER's, torchtitan's: the
+pipeline split into stages first, then tensor parallelism on each stage's blocks, then fsdp.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+
+from .errors import ConfigError
 
 
 def shard_kwargs(ctx, mesh, reshard_after_forward: bool = True) -> dict:
@@ -39,3 +48,40 @@ def zero_redundancy(params: list, make: Callable[[list], torch.optim.Optimizer])
     # this rank's optimizer state is its local optimizer's: memory accounting reads `state`
     zero.state = zero.optim.state
     return zero
+
+
+# -- the device mesh: every parallel toggle's dimension of one mesh, built once ------------------------------------
+MESH_DIMS = ("pp", "dp", "tp")  # pipeline stages, data-parallel ranks, tensor-parallel degree: the mesh's axes
+DIM_WORDS = {"pp": "pipeline_parallel stages", "dp": "data-parallel ranks", "tp": "tensor_parallel degree"}
+
+
+def mesh_shape(dims: dict[str, int | None], world: int) -> tuple[int, int, int]:
+    """(pipeline stages, data-parallel ranks, tensor-parallel degree) of `world` ranks, from the dimensions the
+    parallel toggles declare (Toggle.mesh_dims: a size, or None for every rank the other dimensions leave); the
+    data-parallel dimension takes what is left.  Refused, naming every number, when the sizes do not divide the ranks."""
+    fixed = {d: n for d, n in dims.items() if n is not None}
+    product = math.prod(fixed.values())
+    if product < 1 or world % product:
+        sizes = " × ".join(f"{DIM_WORDS[d]} {n}" for d, n in sorted(fixed.items(), key=lambda x: MESH_DIMS.index(x[0])))
+        total = f" = {product}" if len(fixed) > 1 else ""
+        rest = next((d for d, n in dims.items() if n is None), "dp")  # the dimension that takes the ranks left
+        shape = ", ".join(str(fixed[d]) if d in fixed else f"{world}/{product}" if d == rest else "1" for d in MESH_DIMS)
+        raise ConfigError(f"{sizes}{total} does not divide {world} ranks: the ranks form one (pipeline, data parallel, "
+                          f"tensor parallel) mesh of shape ({shape}), so {product} must divide {world}")
+    filled = {d: world // product if n is None else n for d, n in dims.items()}
+    pp, tp = filled.get("pp", 1), filled.get("tp", 1)
+    return pp, world // (pp * tp), tp
+
+
+def device_mesh(device_type: str, shape: tuple[int, int, int]):
+    """The run's one (pp, dp, tp) DeviceMesh: consecutive ranks split each block (tp), then the pipelines side by side
+    split the batch (dp), the outermost dimension holding the stages (pp), as torchtitan lays out its 3-D mesh."""
+    from torch.distributed.device_mesh import init_device_mesh  # imported when used
+
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def batch_split(mesh) -> tuple[int, int]:
+    """(this rank's index, ranks) among those splitting each batch: its place on the data-parallel dimension (the
+    ranks of a pipeline, and of a tensor-parallel group, share their rows)."""
+    return mesh.get_local_rank("dp"), mesh["dp"].size()

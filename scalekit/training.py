@@ -39,7 +39,7 @@ from .measure import memory
 from .models import GPT, PRESETS
 from .models.blocks import find_blocks
 from .models.pretrained import load_pretrained
-from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, needs_process_group
+from .toggles import PHASES, BuildContext, OptimizerStep, apply_toggles, mesh_dims, needs_process_group
 
 
 def gpt_loss(model: torch.nn.Module, batch) -> torch.Tensor:
@@ -56,6 +56,10 @@ def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) ->
                        world_size=distributed.world_size() if needs_process_group(cfg.toggles) else 1,
                        gpt_config=None if cfg.custom_model else PRESETS[cfg.preset].gpt_config(cfg.seq_len),
                        model_adapter=None if adapter is None else adapter.copy())  # the toggles change the copy
+    dims = mesh_dims(cfg.toggles)
+    if dims:  # one mesh for every parallel toggle, its shape checked against the ranks before anything is built
+        ctx.mesh = parallel.device_mesh(ctx.device.type, parallel.mesh_shape(dims, ctx.world_size))
+        ctx.data_parallel = parallel.batch_split(ctx.mesh)
     for phase in PHASES:
         apply_toggles(ctx, phase, cfg.toggles)
         if phase in BUILDERS:
@@ -70,7 +74,7 @@ def build_batches(ctx: BuildContext) -> None:
     for wrap in ctx.batch_wrappers:  # e.g. data_echo: each fetched batch used for several steps
         batches = wrap(batches)
     # in a run spread over ranks, each rank keeps its own slice of every global batch
-    # (tensor parallel ranks share their batch: the toggle says which ranks split it, read at the first batch)
+    # (the ranks of a tensor-parallel group and of a pipeline share their batch: ctx.data_parallel, read at the first batch)
     ctx.batches = distributed.shard_batches(batches, cfg.batch_size, lambda: ctx.data_parallel) \
         if ctx.world_size > 1 else batches
 

@@ -19,9 +19,10 @@ from scalekit.engine import build, train_step
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch
 from scalekit.models.tensor_parallel import full_parameters
+from scalekit.parallel import mesh_shape
 from scalekit.plan import estimate
 from scalekit.toggles import needs_process_group
-from scalekit.toggles.tensor_parallel import parse, tp_mesh
+from scalekit.toggles.tensor_parallel import parse
 from tests.helpers import Regressor, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
@@ -196,10 +197,10 @@ def test_a_degree_that_does_not_divide_the_heads_or_a_model_without_a_plan_is_re
         tp_plan(gpt, 4)
     with pytest.raises(ConfigError, match="tensor_parallel: Regressor has no tensor-parallel plan"):
         tp_plan(Regressor(), 2)
-    with pytest.raises(ConfigError, match=r"tensor_parallel=4 does not fit 2 ranks: the ranks form a \(data "
-                                          r"parallel, tensor parallel\) mesh of shape \(2/4, 4\)"):
-        tp_mesh("cpu", 2, 4)
-    with pytest.raises(ConfigError, match="tensor_parallel=4 does not fit 6 ranks"):
+    with pytest.raises(ConfigError, match=r"tensor_parallel degree 4 does not divide 2 ranks: the ranks form one "
+                                          r"\(pipeline, data parallel, tensor parallel\) mesh of shape \(1, 2/4, 4\)"):
+        mesh_shape({"tp": 4}, 2)
+    with pytest.raises(ConfigError, match="tensor_parallel degree 4 does not divide 6 ranks"):
         estimate(tiny(batch_size=BATCH, toggles={"tensor_parallel": 4}), device="cpu", world_size=6)
 
 
@@ -273,5 +274,6 @@ def test_a_2d_mesh_of_4_ranks_fsdp_over_2_tensor_parallel_pairs_trains_like_one_
             assert close(grads[0][name], ref_grads[0][name]) < 1e-5, name
         for name in ref_params:
             torch.testing.assert_close(params[name], ref_params[name], atol=5e-5, rtol=1e-4)
-    with pytest.raises(ConfigError, match=r"tensor_parallel=4 does not fit 6 ranks: .* mesh of shape \(6/4, 4\)"):
-        tp_mesh("cpu", 6, 4)
+    with pytest.raises(ConfigError, match=r"tensor_parallel degree 4 does not divide 6 ranks: .* mesh of shape "
+                                          r"\(1, 6/4, 4\)"):
+        mesh_shape({"tp": 4}, 6)

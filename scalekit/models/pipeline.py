@@ -129,8 +129,8 @@ class Pipeline:
     def __init__(self, model: nn.Module, mine: list[nn.Module], rank: int, stages: int, schedule: str,
                  micro_batches: int, device, mesh):
         # `rank`: this rank's place in its pipeline; `stages`: the pipeline's ranks; `mine`: this rank's stages
-        # (several if looped); `mesh`: (pipeline, data parallel), the pipeline one column of it
-        self.rank, self.stages, self.dp = rank, stages, mesh.size(1)
+        # (several if looped); `mesh`: (pipeline, data parallel, tensor parallel), the pipeline one column of it
+        self.rank, self.stages, self.dp = rank, stages, mesh["dp"].size()
         self.group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         self.layout, self.micro_batches, self.count = layout(model), micro_batches, 1
         self.module = nn.ModuleList(mine)  # what this rank trains: the run's model
@@ -196,12 +196,13 @@ class Pipeline:
 
 
 def tie_group(mesh):
-    """The process group of this rank's first and last stage (the ranks holding the tied weight) in its column."""
-    ranks = mesh.mesh  # (pipeline, data parallel) -> global rank
+    """The process group of this rank's first and last stage (the ranks holding the tied weight) in its column: the
+    ranks of one (data parallel, tensor parallel) place, one on each stage."""
+    ranks = mesh.mesh.reshape(mesh.mesh.shape[0], -1)  # stage -> global rank of each column
     mine = None
     for column in range(ranks.shape[1]):
         group = dist.new_group([int(ranks[0, column]), int(ranks[-1, column])])
-        mine = group if column == mesh.get_local_rank("dp") else mine
+        mine = group if dist.get_rank() in (int(ranks[0, column]), int(ranks[-1, column])) else mine
     return mine
 
 

@@ -96,10 +96,22 @@ def ungroup_qkv(t: torch.Tensor, degree: int) -> torch.Tensor:
     return t.reshape(degree, 3, t.shape[0] // (3 * degree), *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def parallelize(model: nn.Module, mesh, degree: int, sequence_parallel: bool = False) -> int:
-    """Split every block of `model` over `mesh` (tp_plan), with the norms split along the sequence if
-    `sequence_parallel`; the blocks split.  The built-in GPT's attention then runs its share of the heads."""
+def parallelize(model: nn.Module, mesh, degree: int, sequence_parallel: bool = False, only=None) -> int:
+    """Split every block of `model` over `mesh` (tp_plan), or only the blocks in `only` (a pipeline stage's), with the
+    norms split along the sequence if `sequence_parallel`; the blocks split.  The built-in GPT's attention then runs
+    its share of the heads."""
     pairs, heads = tp_plan(model, degree)
+    every = len(pairs)
+    if only is not None:
+        held = {id(block) for block in only}
+        pairs = [(block, plan) for block, plan in pairs if id(block) in held]
+    if not pairs:
+        raise ConfigError(f"tensor_parallel: none of the {every} blocks of {type(model).__name__}'s plan is among the "
+                          f"blocks this rank holds")
+    if sequence_parallel and len(pairs) < every:
+        raise ConfigError(f"tensor_parallel={degree},sequence_parallel: the sequence is cut at the model's first block "
+                          f"and gathered at its head, and this rank holds {len(pairs)} of its {every} blocks (a "
+                          f"pipeline's stage): split the sequence without a pipeline, or give tensor_parallel={degree}")
     gpt = is_builtin_gpt(model)
     ends = sequence_ends(model) if sequence_parallel else None  # refused here before anything is split
     for block, plan in pairs:

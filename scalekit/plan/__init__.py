@@ -27,7 +27,8 @@ from ..hardware import detect, gpu_count_without_cuda_init
 from ..models import GPT
 from ..models.blocks import block_linears
 from ..models.presets import PRESETS
-from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles, plan_facts
+from ..parallel import mesh_shape
+from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles, mesh_dims, plan_facts
 from .estimate import Estimate
 from .gpt import gpt_estimate
 from .ranks import per_rank
@@ -50,9 +51,8 @@ def estimate(config: RunConfig, device: str | None = None, world_size: int | Non
     cfg = config.resolve(SimpleNamespace(device_type=device_type))  # planning needs only the kind of device
     spread = [n for n in cfg.toggles if TOGGLES[n].needs_process_group]
     world = _world_size(world_size) if spread else 1
-    facts = plan_facts(cfg.toggles, world)
-    if world % facts.tensor_parallel:
-        raise ConfigError(f"tensor_parallel={facts.tensor_parallel} does not fit {world} ranks: it must divide them")
+    dims = mesh_dims(cfg.toggles)  # the run's mesh, checked as the run checks it (parallel.mesh_shape)
+    facts = plan_facts(cfg.toggles, world, mesh_shape(dims, world) if dims else None)
     # the ranks of a tensor-parallel group, and a pipeline's stages, share their rows
     local = _one_rank(cfg, world // facts.tensor_parallel // facts.pipeline_stages, spread, facts.micro_batches)
     if cfg.custom_model or not facts.analytic:

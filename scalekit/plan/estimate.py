@@ -28,6 +28,7 @@ class Estimate:
     world_size: int = 1  # ranks the figures are per (1: one process)
     host_bytes: int = 0  # training state kept in host memory by an offload toggle (not in peak_bytes on a GPU)
     blocks_bytes: int = 0  # fp32 bytes of all repeated blocks' weights (what tensor parallelism splits)
+    logits_bytes: int = 0  # fp32 bytes of one step's logits (rows × seq × vocab), where traced: a pipeline's last stage's
     notes: list[str] = field(default_factory=list)
 
     def memory_breakdown(self) -> dict[str, int]:

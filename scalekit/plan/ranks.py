@@ -18,8 +18,13 @@ distributed toggle.  Then it moves the parts the toggles say they move (their `p
 - pipeline_parallel keeps 1/stages of the blocks per rank (the embeddings and head counted on every rank);
   every stage sees the whole batch, and keeps its own blocks' activations of every micro-batch (GPipe): the
   built-in GPT's analytic plan counts a stage's blocks, a traced model's (a Hugging Face decoder) activations
-  are divided by the stages.  1F1B keeps fewer micro-batches in flight: for it the plan is an upper bound.
-  With `stages=S` and fsdp, S-stage pipelines run side by side and fsdp shards over them: ranks / S.
+  are divided by the stages, except the head's: the last stage holds the logits, the loss's fp32
+  log-probabilities and their gradient (each rows × seq × vocab) whole, and the plan is that stage's.  1F1B
+  keeps fewer micro-batches in flight: for it the plan is an upper bound.  With `stages=S` and fsdp, S-stage
+  pipelines run side by side and fsdp shards over them: ranks / S; torch's schedules keep each stage's weights
+  gathered and its gradients unsharded from the first micro-batch's backward to the last, then reduce-scatter
+  them once: the stage's whole weights and, twice, its whole gradients on top of the shards.  With
+  tensor_parallel too (3-D, one (pipeline, data, tensor) mesh), a stage's blocks are split over the degree.
 - DeepSpeed ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the weights
   (gathered per block like FSDP); `-offload` moves the optimizer state (and ZeRO-3's weights) to the host.
 Collective buffers beyond these (NCCL's own, the allocator's rounding of shards) are not predicted.
@@ -32,6 +37,7 @@ import dataclasses
 from .estimate import FP32, Estimate
 
 PARTS = ("params", "grads", "state")
+LOGITS_COPIES = 3  # vocab-wide tensors a pipeline's last stage holds at its peak: logits, log-probabilities, their gradient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +68,10 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     full = Parts(single.params_bytes, single.grads_bytes, single.optimizer_state_bytes)
     activations = single.peak_bytes - full.total  # activations and temporaries of the rank's slice
     if facts.pipeline_stages > 1 and single.method.startswith("traced"):  # (the GPT's analytic plan splits them)
-        activations //= facts.pipeline_stages  # a stage keeps its own blocks' activations (of every micro-batch)
+        # a stage keeps its own blocks' activations (of every micro-batch); the last also the head's: the logits,
+        # the loss's fp32 log-probabilities and, in backward, their gradient, each rows × seq × vocab, not split
+        head = min(LOGITS_COPIES * single.logits_bytes, activations)
+        activations = (activations - head) // facts.pipeline_stages + head
     full = split_blocks(full, single.blocks_bytes, facts.tensor_parallel * facts.pipeline_stages)
     dp = world // facts.tensor_parallel // facts.pipeline_stages  # the ranks a sharding toggle splits over
     held = Parts(*(-(-getattr(full, p) // dp) if p in facts.sharded else getattr(full, p) for p in PARTS))
@@ -70,7 +79,12 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
     device = Parts(*(0 if p in away else getattr(held, p) for p in PARTS))
     host = Parts(*(getattr(held, p) if p in away else 0 for p in PARTS))
     extra = full.grads if facts.grad_buckets else 0
-    if facts.gathers_blocks:  # two gathered blocks (one prefetched), one block's gradients reduce-scattered
+    if facts.gathers_blocks and facts.pipeline_stages > 1:
+        # torch's pipeline schedules keep an fsdp stage's weights gathered and its gradients unsharded from its first
+        # micro-batch's backward to its last, then reduce-scatter them once (a flat copy of them as its input): the
+        # stage's whole weights, and its whole gradients twice
+        extra += full.params * facts.wrapper_param_bytes // FP32 + 2 * full.grads
+    elif facts.gathers_blocks:  # two gathered blocks (one prefetched), one block's gradients reduce-scattered
         extra += 2 * (block_bytes * facts.wrapper_param_bytes // FP32) + block_bytes
     if facts.keeps_gathered:  # every block gathered in forward and kept to backward; one block's grads unsharded
         extra += full.params * facts.wrapper_param_bytes // FP32 + block_bytes

@@ -84,7 +84,7 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
                     activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,
                     flops_per_step=step["flops"], hardware_flops_per_step=step["flops"],
                     n_params=sum(p.numel() for p in step["params"]), largest_block_bytes=step["block_bytes"],
-                    blocks_bytes=step["blocks_bytes"],
+                    blocks_bytes=step["blocks_bytes"], logits_bytes=cfg.batch_size * cfg.seq_len * step["vocab"] * 4,
                     method="traced: one step on fake tensors, "
                     "live tensor bytes counted as the engine measures a CPU run", notes=notes)
 
@@ -166,7 +166,9 @@ def _trace(cfg, hw: Hardware, stack) -> dict:
     embedding_ids = {id(m.weight) for m in ctx.base_model.modules() if isinstance(m, torch.nn.Embedding)}
     blocks = [sum(p.numel() for p in b.parameters()) for b in (ctx.blocks or [])]
     block_bytes = max(blocks, default=sum(p.numel() for p in params)) * 4  # fp32 weights of the largest block
-    return dict(params=params, trainable=trainable, embedding_ids=embedding_ids, block_bytes=block_bytes,
+    head = ctx.base_model.get_output_embeddings() if hasattr(ctx.base_model, "get_output_embeddings") else None
+    vocab = head.weight.shape[0] if head is not None else 0  # the logits' width (a model of your own: not known)
+    return dict(params=params, trainable=trainable, embedding_ids=embedding_ids, block_bytes=block_bytes, vocab=vocab,
                 blocks_bytes=sum(blocks) * 4,
                 backward_peak=before_update.get("peak", peak), peak=peak, grads=grads.grads_bytes or 0, flops=flops,
                 params_bytes=memory.storage_bytes([*params, *ctx.base_model.buffers()]),

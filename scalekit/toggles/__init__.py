@@ -90,8 +90,8 @@ ORDER: list[Toggle] = [
     compile.TOGGLE,
     speculative.TOGGLE,
     ddp.TOGGLE,
-    tensor_parallel.TOGGLE,
-    pipeline_parallel.TOGGLE,
+    pipeline_parallel.TOGGLE,  # torchtitan's order: the stages first, then tensor parallelism on their blocks,
+    tensor_parallel.TOGGLE,  # then fsdp over the data-parallel dimension (one mesh: parallel.mesh_shape)
     cpu_offload.TOGGLE,
     fsdp.TOGGLE,
     zero.TOGGLE,
@@ -202,9 +202,24 @@ def apply_toggles(ctx: BuildContext, phase: str, toggles: dict, loop: str = "tra
             toggle.apply(ctx, toggles[toggle.name])
 
 
-def plan_facts(toggles: dict, world_size: int = 1) -> PlanFacts:
-    """What `toggles` change in a training step, as each says it (Toggle.plan), for a run over `world_size` ranks."""
+def mesh_dims(toggles: dict) -> dict[str, int | None]:
+    """The device mesh's dimensions the chosen `toggles` declare (Toggle.mesh_dims), each declared by one toggle."""
+    dims: dict[str, int | None] = {}
+    for name, value in toggles.items():
+        for dim, size in TOGGLES[name].mesh_dims(value).items():
+            if dim in dims:
+                raise ConfigError(f"toggles: two toggles split the ranks along the mesh's {dim!r} dimension; "
+                                  f"{name!r} is the second")
+            dims[dim] = size
+    return dims
+
+
+def plan_facts(toggles: dict, world_size: int = 1, mesh: tuple[int, int, int] | None = None) -> PlanFacts:
+    """What `toggles` change in a training step, as each says it (Toggle.plan), for a run over `world_size` ranks
+    laid out as `mesh` (pipeline stages, data-parallel ranks, tensor-parallel degree: parallel.mesh_shape)."""
     facts = PlanFacts(world_size=world_size)
+    if mesh is not None:
+        facts.pipeline_stages, _, facts.tensor_parallel = mesh
     for name, value in toggles.items():
         TOGGLES[name].plan(facts, value)
     return facts
@@ -216,5 +231,6 @@ def needs_process_group(toggles) -> bool:
 
 
 __all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination", "plan_facts",
+           "mesh_dims",
            "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "Spelling", "BuildContext",
            "OptimizerStep", "PHASES", "LOOPS", "LOOP_WORDS"]

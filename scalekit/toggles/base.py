@@ -102,9 +102,10 @@ class BuildContext:
     stepper: Any = None  # backward(loss, boundary) and step(): OptimizerStep, or an engine that owns them
     grad_accum_steps: int = 1  # micro-batches per optimizer step (the batch is split along dim 0)
     optimizer_state_sharded: bool = False  # each rank steps and keeps the state of only its share of the weights (ZeRO-1)
-    # toggles that split the model (tensor/pipeline parallel) set it after the batches are built: read at the first batch
+    # set with `mesh`, before any toggle acts; read at the first batch (and by the engine's per-rank figures)
     data_parallel: tuple[int, int] | None = None  # (this rank's index, ranks) among those splitting each batch; None: all
-    data_mesh: Any = None  # the mesh's data-parallel dimension where a toggle built a 2-D mesh (tensor_parallel): fsdp shards over it
+    # pipeline_parallel takes its 'pp' dimension, tensor_parallel 'tp', fsdp shards over 'dp'
+    mesh: Any = None  # the run's one (pp, dp, tp) DeviceMesh from the toggles' mesh_dims, built before they act; or None
     after_step: list = field(default_factory=list)  # callables(step_index) run after each optimizer step
     # -- generation and evaluation (the "generate" loop, and eval_every in training) -----------------------
     inference_context: Callable = torch.no_grad  # the grad mode generation and evaluation run under
@@ -137,6 +138,7 @@ class PlanFacts:
     offloaded: frozenset = frozenset()  # parts kept in host memory (on a GPU): of "params", "grads", "state"
     gathers_blocks: bool = False  # one block's full weights gathered at a time (two while the next is prefetched)
     keeps_gathered: bool = False  # every block's full weights stay gathered from its forward to its backward (ZeRO-2)
+    # the mesh's sizes (parallel.mesh_shape of the toggles' mesh_dims), set by the planner before the toggles speak
     tensor_parallel: int = 1  # ranks each block's linear layers are split over (weights, gradients, state); they share a batch
     pipeline_stages: int = 1  # stages the blocks are split into, one per rank; every stage sees the whole batch
     rank_notes: list[str] = field(default_factory=list)  # how the ranks hold the parts, said beside the plan
@@ -312,6 +314,13 @@ class Toggle:
 
     def apply(self, ctx: BuildContext, value: Any) -> None:
         raise NotImplementedError
+
+    def mesh_dims(self, value: Any) -> dict[str, int | None]:
+        """The dimensions of the run's device mesh this toggle splits the ranks along, on with `value`: {'pp': stages}
+        or {'tp': degree} (scalekit.parallel.MESH_DIMS; None: every rank the other dimensions leave).  The run builds
+        one mesh of every toggle's dimensions, checked against the ranks, before any toggle acts (BuildContext.mesh);
+        the ranks left over form the data-parallel dimension.  By default none."""
+        return {}
 
     def plan(self, facts: PlanFacts, value: Any) -> None:
         """Tell the planner what this toggle changes in a training step's memory (the fields of PlanFacts)."""

@@ -16,8 +16,9 @@ from .base import BuildContext, Call, Spelling, Toggle
 
 def fsdp_kwargs(ctx: BuildContext) -> dict:
     """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
-    # on a 2-D mesh (tensor_parallel built it) FSDP shards over the data-parallel dimension, as torchtitan does
-    mesh = ctx.data_mesh if ctx.data_mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # on the run's mesh (pipeline and tensor parallel dimensions beside) FSDP shards over its data-parallel
+    # dimension, as torchtitan does; alone, over every rank
+    mesh = ctx.mesh["dp"] if ctx.mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
     return shard_kwargs(ctx, mesh=mesh)
 
 
@@ -70,14 +71,14 @@ class FSDP(Toggle):
             ctx.stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         ctx.stack.callback(release_model, ctx)
-        over = ctx.world_size if ctx.data_mesh is None else ctx.data_mesh.size()
+        over = ctx.world_size if ctx.mesh is None else ctx.mesh["dp"].size()
         ctx.notes.append(f"fsdp: {len(units)} blocks + {len(roots)} root(s) sharded over {over} ranks")
 
 
     def plan(self, facts, value) -> None:
         facts.sharded = frozenset(("params", "grads", "state"))
         facts.gathers_blocks = True
-        over = facts.world_size // facts.tensor_parallel // facts.pipeline_stages  # (set before: ORDER)
+        over = facts.world_size // facts.tensor_parallel // facts.pipeline_stages  # the mesh's 'dp' size
         facts.rank_notes.insert(0, f"fsdp: 1/{over} of the weights, gradients and optimizer state per "
                                    f"rank, one block's full weights gathered at a time (two while the next is "
                                    f"prefetched) and one block's gradients reduce-scattered")

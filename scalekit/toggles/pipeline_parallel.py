@@ -6,15 +6,19 @@ refused up front, naming the families that are.  Schedules: 'gpipe', '1f1b', 'in
 rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one process with the whole batch does
 (tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama).
 
-',stages=S' runs pipelines of S stages side by side ('1f1b/8,stages=2' on 4 ranks: a (pipeline 2, data 2) mesh,
-checked here against the ranks); fsdp, applied after this toggle, shards each stage over the pipelines and
-averages their gradients.  pipeline × tensor parallel (3-D) is refused by name.
+',stages=S' runs pipelines of S stages side by side ('1f1b/8,stages=2' on 4 ranks: a (pipeline 2, data 2) mesh);
+fsdp, applied after this toggle, shards each stage over the pipelines and averages their gradients.  With
+tensor_parallel too (3-D), each stage's blocks are split over the tensor-parallel ranks: '1f1b,stages=2' with
+tensor_parallel=2 on 4 ranks is a (pipeline 2, data 1, tensor 2) mesh, and with fsdp on 8 ranks (2, 2, 2).  The
+stages are the 'pp' dimension of the run's one device mesh (parallel.mesh_shape, checked against the ranks before
+anything is built); without ',stages=S' a pipeline takes every rank the other dimensions leave.  The order is
+torchtitan's: this toggle splits the model into stages first (ORDER), tensor_parallel then splits the blocks of
+this rank's stages, fsdp last shards them.
 """
 
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from ..distributed import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
@@ -30,9 +34,6 @@ from ..models.pipeline import (
 )
 from .base import BuildContext, Spelling, Toggle
 
-THREE_D = ("pipeline × tensor parallel (3-D) is not composed here: tensor_parallel builds its (data, tensor) mesh "
-           "over every rank before the pipeline would take one dimension of it (pipeline × fsdp is composed: "
-           "pipeline_parallel='1f1b,stages=2' with fsdp)")
 MICRO_BATCHES = 4  # micro-batches per step unless the value says ("1f1b/8")
 
 
@@ -41,16 +42,6 @@ def parse(value) -> tuple[str, int, int | None]:
     head, _, option = str(value).partition(",")
     schedule, _, count = head.partition("/")
     return schedule, int(count) if count else MICRO_BATCHES, int(option.partition("=")[2]) if option else None
-
-
-def pp_mesh(device_type: str, world: int, stages: int):
-    """The ranks as (pipeline, data parallel): the ranks of one column run the stages of one pipeline, each row
-    (the same stage) splits the batch, and fsdp (after it in ORDER) shards over the rows; refused up front, naming
-    the numbers, when the stages do not divide the ranks."""
-    if stages < 1 or world % stages:
-        raise ConfigError(f"pipeline_parallel stages={stages} does not fit {world} ranks: the ranks form a (pipeline, "
-                          f"data parallel) mesh of shape ({stages}, {world}/{stages}), so {stages} must divide {world}")
-    return init_device_mesh(device_type, (stages, world // stages), mesh_dim_names=("pp", "dp"))
 
 
 class PipelineParallel(Toggle):
@@ -65,13 +56,11 @@ class PipelineParallel(Toggle):
     phase = "wrap"
     choices = ("1f1b", "gpipe", "interleaved")
     needs_process_group = True
+    # fsdp and tensor_parallel compose with it on one (pipeline, data parallel, tensor parallel) mesh
     excludes = {name: "not composed with pipeline_parallel here" for name in
-                ("ddp", "fsdp", "zero", "tensor_parallel", "deepspeed", "compile", "checkpointing", "lora", "dora",
-                 "quantized_base")}
-    excludes = {k: v for k, v in excludes.items() if k != "fsdp"}  # 2-D: a (pipeline, data parallel) mesh
-    excludes = {**excludes, "tensor_parallel": THREE_D,
-                "grad_accum": "the pipeline cuts each batch into micro-batches itself: use "
-                              "pipeline_parallel='1f1b/8' for 8 micro-batches"}
+                ("ddp", "zero", "deepspeed", "compile", "checkpointing", "lora", "dora", "quantized_base")}
+    excludes = {**excludes, "grad_accum": "the pipeline cuts each batch into micro-batches itself: use "
+                                          "pipeline_parallel='1f1b/8' for 8 micro-batches"}
 
     def validate(self, value, owner: str = "RunConfig"):
         head, comma, option = value.partition(",") if isinstance(value, str) else ("", "", "")
@@ -100,22 +89,22 @@ class PipelineParallel(Toggle):
         return distributed_available()
 
     def apply(self, ctx: BuildContext, value: str) -> None:
-        schedule, micro, stages = parse(value)
-        mesh = pp_mesh(ctx.device.type, ctx.world_size, stages or ctx.world_size)
-        ranks, dp = mesh.shape  # `ranks`: the stages of one pipeline; `dp`: the pipelines splitting the batch
+        schedule, micro, _ = parse(value)
+        mesh = ctx.mesh  # (pipeline, data parallel, tensor parallel): its 'pp' dimension is this toggle's
+        ranks, dp = mesh["pp"].size(), mesh["dp"].size()  # the stages of one pipeline; the pipelines splitting the batch
         rows = ctx.config.batch_size // dp
         if rows % micro:
             raise ConfigError(f"pipeline_parallel={value!r}: the {rows} rows of a pipeline's share of the batch "
                               f"(batch_size {ctx.config.batch_size} over {dp}) do not split into {micro} micro-batches")
-        me, column = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        me = mesh.get_local_rank("pp")
         per_rank = STAGES_PER_RANK if schedule in LOOPED else 1
         mine = split_stages(ctx.base_model, me, ranks, per_rank)  # refused here if the blocks do not split
         pipeline = Pipeline(ctx.base_model, mine, me, ranks, schedule, micro, ctx.device, mesh)
         free_other_stages(ctx.base_model, mine)
         ctx.model, ctx.loss_fn = pipeline.module, pipeline  # what this rank trains: its stages
-        ctx.blocks = nn.ModuleList([b for stage in mine for b in stage.blocks])  # fsdp shards these
-        # every stage of a pipeline sees its rows of the batch (the first their tokens, the last their targets)
-        ctx.data_parallel, ctx.data_mesh = (column, dp), mesh["dp"]
+        # tensor_parallel (next in ORDER) splits these, fsdp shards them; every stage of a pipeline sees its rows of
+        # the batch (the first their tokens, the last their targets): ctx.data_parallel, from the mesh
+        ctx.blocks = nn.ModuleList([b for stage in mine for b in stage.blocks])
         ctx.stack.callback(release_model, ctx)
         # interleaving v stages per rank divides the bubble by v (Narayanan et al., 2021, section 2.2.2)
         idle = bubble(ranks, micro) / per_rank
@@ -123,12 +112,11 @@ class PipelineParallel(Toggle):
         ctx.notes.append(f"pipeline_parallel: {per_stage} blocks per stage, {per_rank} stage(s) on each of "
                          f"{ranks} ranks, {schedule}, {micro} micro-batches: bubble {idle:.0%} of the step")
 
+    def mesh_dims(self, value) -> dict[str, int | None]:
+        return {"pp": parse(value)[2]}  # None: one stage on each rank the other dimensions leave
+
     def plan(self, facts, value) -> None:
-        stages = parse(value)[2] or facts.world_size
-        if facts.world_size % stages:
-            raise ConfigError(f"pipeline_parallel stages={stages} does not fit {facts.world_size} ranks: {stages} must "
-                              f"divide {facts.world_size}")
-        facts.pipeline_stages = stages
+        stages = facts.pipeline_stages  # the mesh's 'pp' size, set by the planner (parallel.mesh_shape)
         facts.rank_notes.append(f"pipeline_parallel: 1/{stages} of the blocks per rank (the embeddings on "
                                 f"the first stage, the head on the last), activations of the micro-batches in flight")
 

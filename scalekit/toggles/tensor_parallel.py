@@ -1,20 +1,21 @@
 """Tensor parallelism (Megatron-style): each block's linear layers split over ranks that share one batch.
 
-With fsdp on too, the ranks form a 2-D (data parallel, tensor parallel) mesh, checked here against the number of
-ranks: tensor_parallel splits each block within a row of it, then fsdp (after it in ORDER) shards over its
-columns — torchtitan's order (TP, then FSDP).
+The degree is the 'tp' dimension of the run's one device mesh (parallel.mesh_shape, checked against the ranks
+before anything is built): consecutive ranks split each block.  With fsdp on too, the ranks left over form its
+data-parallel dimension, which fsdp (after this toggle in ORDER) shards over — torchtitan's order (TP, then FSDP).
+With pipeline_parallel too (3-D), the pipeline (before this toggle in ORDER) has split the model into stages
+already: this toggle splits the blocks of this rank's stages (BuildContext.blocks), as torchtitan does.
 
 Values: a degree (`tensor_parallel=2`), or `"2,sequence_parallel"` for the norms and the residual stream split
 along the sequence too (Megatron's sequence parallelism: SequenceParallel norms, row-wise layers
 reduce-scattering, attention and the MLP gathering the sequence at their input); the degree must then divide
-the run's seq_len.
+the run's seq_len.  Sequence-parallel norms need the model's first block, final norm and head on every rank: not
+with a pipeline's stages.
 """
 
 from __future__ import annotations
 
-from torch.distributed.device_mesh import init_device_mesh
-
-from ..distributed import available_with_ranks, distributed_available, rank, release_model
+from ..distributed import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
 from .base import BuildContext, Spelling
 from .counted import CountToggle, as_count
@@ -27,15 +28,6 @@ def parse(value) -> tuple[int, bool]:
     """(degree, sequence-parallel norms) of a validated value: 2, or '2,sequence_parallel'."""
     degree, _, option = str(value).partition(",")
     return int(degree), option == SEQUENCE
-
-
-def tp_mesh(device_type: str, world: int, degree: int):
-    """The ranks as (data parallel, tensor parallel): consecutive ranks split each block; refused up front
-    (naming the numbers) when the degree does not divide the ranks."""
-    if world % degree:
-        raise ConfigError(f"tensor_parallel={degree} does not fit {world} ranks: the ranks form a (data parallel, "
-                          f"tensor parallel) mesh of shape ({world}/{degree}, {degree}), so {degree} must divide {world}")
-    return init_device_mesh(device_type, (world // degree, degree), mesh_dim_names=("dp", "tp"))
 
 
 class TensorParallel(CountToggle):
@@ -83,20 +75,23 @@ class TensorParallel(CountToggle):
         if sequence and seq % value:
             raise ConfigError(f"tensor_parallel={value},{SEQUENCE}: the sequence of {seq} tokens does not split "
                               f"over {value} ranks (the degree must divide RunConfig.seq_len={seq})")
-        mesh = tp_mesh(ctx.device.type, ctx.world_size, value)
         from ..models.tensor_parallel import parallelize  # torch's tensor-parallel API: imported when used
 
-        blocks = parallelize(ctx.base_model, mesh["tp"], value, sequence_parallel=sequence)
-        dp = ctx.world_size // value
-        ctx.data_parallel = (rank() // value, dp)  # the ranks of one tensor-parallel group share their rows
-        ctx.data_mesh = mesh["dp"]  # fsdp, applied next (ORDER), shards over it: a 2-D (dp, tp) mesh
+        # every block of the model, or, where the mesh has pipeline stages (split before this toggle, in ORDER), the
+        # blocks of this rank's stages: the run's blocks
+        staged = ctx.mesh["pp"].size() > 1
+        blocks = parallelize(ctx.base_model, ctx.mesh["tp"], value, sequence_parallel=sequence,
+                             only=ctx.blocks if staged else None)
         ctx.stack.callback(release_model, ctx)
         split = ", norms split along the sequence" if sequence else ""
-        ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks{split}; batch split {dp} ways")
+        ctx.notes.append(f"tensor_parallel: {blocks} blocks split over {value} ranks{split}; batch split "
+                         f"{ctx.data_parallel[1]} ways")
+
+    def mesh_dims(self, value) -> dict[str, int | None]:
+        return {"tp": parse(value)[0]}
 
     def plan(self, facts, value) -> None:
-        value, sequence = parse(value)
-        facts.tensor_parallel = value
+        value, sequence = parse(value)  # (facts.tensor_parallel: the mesh's 'tp' size, set by the planner)
         if sequence:
             facts.rank_notes.append(f"{SEQUENCE}: the norms' activations are 1/{value} per rank, planned whole "
                                     f"(an upper bound)")
