@@ -1,7 +1,8 @@
 """ZeRO-1/2 (scalekit's zero), tensor and pipeline parallelism over 2 gloo ranks train like one process.
 
 Each case: 2 ranks, each with its share of the work, against 1 process with the whole batch, on the losses and
-the full parameters after a few steps (fp32, the built-in GPT's tiny preset).  One launch runs every case.
+the full parameters after a few steps (fp32; the built-in GPT's tiny preset and, where the case says, a tiny
+Llama built from its config).  One launch runs every 2-rank case; the 2-D mesh takes 4 ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ CASES = {  # name: toggles
     "zero1": {"zero": "zero1"},
     "zero2": {"zero": "zero2"},
     "zero1 + accumulation": {"zero": "zero1", "grad_accum": 2},
+    "zero1, Hugging Face Llama": {"zero": "zero1"},
+    "zero2, Hugging Face Llama": {"zero": "zero2"},
     "tensor_parallel": {"tensor_parallel": 2},
     "tensor_parallel + accumulation": {"tensor_parallel": 2, "grad_accum": 2},
     "tensor_parallel, Hugging Face Llama (its tp_plan)": {"tensor_parallel": 2},
@@ -260,20 +263,24 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
 
 def _two_d():
     dist.init_process_group("gloo")
-    out = train(tiny(batch_size=BATCH, toggles={"fsdp": True, "tensor_parallel": 2}))
+    out = {model: train(config(model, {"fsdp": True, "tensor_parallel": 2})) for model in ("gpt", "Llama")}
     dist.destroy_process_group()
     return out
 
 
 @pytest.mark.slow
 def test_a_2d_mesh_of_4_ranks_fsdp_over_2_tensor_parallel_pairs_trains_like_one_process(one_process):
-    ref_losses, ref_params, _, ref_grads = one_process["gpt"]
-    for losses, params, _, grads in launch(_two_d, nprocs=4, timeout_s=240):
-        assert losses == pytest.approx(ref_losses, rel=1e-5)
-        for name in ref_grads[0]:
-            assert close(grads[0][name], ref_grads[0][name]) < 1e-5, name
-        for name in ref_params:
-            torch.testing.assert_close(params[name], ref_params[name], atol=5e-5, rtol=1e-4)
+    outs = launch(_two_d, nprocs=4, timeout_s=240)
+    for model in ("gpt", "Llama"):  # the built-in GPT, and a Llama split by its own tp_plan
+        ref_losses, ref_params, _, ref_grads = one_process[model.lower()]
+        for out in outs:
+            losses, params, _, grads = out[model]
+            assert losses == pytest.approx(ref_losses, rel=1e-5), model
+            for name in ref_grads[0]:
+                assert close(grads[0][name], ref_grads[0][name]) < 1e-5, (model, name)
+            for name in ref_params:
+                torch.testing.assert_close(params[name], ref_params[name], atol=5e-5, rtol=1e-4,
+                                           msg=lambda m, name=name, model=model: f"{model} {name}: {m}")
     with pytest.raises(ConfigError, match=r"tensor_parallel degree 4 does not divide 6 ranks: .* mesh of shape "
                                           r"\(1, 6/4, 4\)"):
         mesh_shape({"tp": 4}, 6)
