@@ -52,11 +52,12 @@ def test_a_batch_larger_than_the_corpus_spans_epochs_and_counts_its_real_tokens(
 
 
 def test_accumulation_runs_through_epoch_boundaries():
-    # 4,000 windows of 64 tokens a batch: 3.9 batches per epoch, so the 4th and later steps straddle epochs
-    result = run(tiny(batch_size=4000, steps=5, warmup_steps=0, toggles={"grad_accum": 4}, **QUICK))
+    # new-plays holds 1,394 windows of 64 tokens; 400 a batch: 3.5 batches per epoch, so the 4th and later steps
+    # straddle epochs
+    result = run(tiny(data="new-plays", batch_size=400, steps=5, warmup_steps=0, toggles={"grad_accum": 4}, **QUICK))
     assert result.status == "ok" and len(result.steps) == 5
-    assert {s.tokens for s in result.steps} == {4000 * 64}
-    assert result.tokens_per_s == pytest.approx(4000 * 64 / (result.step_ms.median / 1e3))
+    assert {s.tokens for s in result.steps} == {400 * 64}
+    assert result.tokens_per_s == pytest.approx(400 * 64 / (result.step_ms.median / 1e3))
 
 
 def test_a_batch_fn_the_step_cannot_split_is_refused_naming_batch_fn():

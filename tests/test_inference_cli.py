@@ -76,7 +76,7 @@ def test_a_rung_this_machine_cannot_run_is_skipped_with_the_reason_and_the_climb
 def test_ladder_inference_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "ladder.json"
     proc = subprocess.run([sys.executable, "-m", "scalekit.cli", "ladder", "inference", "--max-new-tokens", "12",
-                           "--quality-seq-len", "64", "--device", "cpu", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=900)
+                           "--quality-seq-len", "64", "--model", "tiny", "--device", "cpu", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["label"] for r in rows] == ["baseline", "+ inference_mode", "+ kv_cache", "+ static cache + compile",
