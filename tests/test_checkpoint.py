@@ -17,7 +17,8 @@ def test_compiled_model_round_trip_is_exact_and_clean(tmp_path):
     model = GPT(PRESETS["tiny"].gpt_config())
     compiled = torch.compile(model)
     idx = torch.randint(0, 65, (2, 16))
-    compiled(idx, idx)[1].backward()  # compile really ran
+    with torch.no_grad():
+        compiled(idx)  # compile really ran (one inference graph: the trap is the same as after training)
     assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())  # the trap
     path = tmp_path / "weights.pt"
     checkpoint.save(compiled, path)

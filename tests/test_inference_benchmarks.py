@@ -21,14 +21,14 @@ def run_benchmark(*args: str) -> str:
 
 @pytest.mark.slow
 def test_generate_vs_hf_compares_on_the_same_tokens():
+    # without transformers' fast path (static cache, forward compiled): its compile costs half this test, and
+    # the Llama benchmark's test below runs the same fast-path code (generate_hf_llama imports it from here)
     out = run_benchmark("benchmarks/generate_vs_hf.py", "--new-tokens", "12", "--rounds", "1", "--batches", "2",
-                        "--threads", "1")
+                        "--threads", "1", "--no-fast-path")
     lines = out.strip().splitlines()
     assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
     assert sum("same greedy tokens" in line for line in lines) == 1  # the script asserts they agree
-    # transformers' fast path (static cache, compiled forward) is measured beside its default, and the ratio is
-    # against the faster of the two
-    assert "transformers fast path" in lines[1] and "ratio" in lines[1]
+    assert "ratio" in lines[1] and "against transformers" in lines[1] and "fast path" not in lines[1]
 
 
 @pytest.mark.slow
@@ -37,7 +37,10 @@ def test_generate_hf_llama_compares_scalekit_with_the_models_own_generate():
                         "--batches", "1", "--threads", "1")
     lines = out.strip().splitlines()
     assert re.fullmatch(r"ratio=\d+\.\d\d", lines[-1]), lines[-1]
-    assert "LlamaForCausalLM" in lines[0] and "same greedy tokens" in lines[1] and "fast path" in lines[1]
+    assert "LlamaForCausalLM" in lines[0] and "same greedy tokens" in lines[1]
+    # transformers' fast path (static cache, compiled forward) is measured beside its default, and the ratio is
+    # against the faster of the two
+    assert "fast path" in lines[1] and re.search(r"ratio \d+\.\d\d against transformers", lines[1]), lines[1]
 
 
 @pytest.mark.slow
