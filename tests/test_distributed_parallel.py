@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import scalekit
 from scalekit import distributed
-from scalekit.engine import build, train_step
+from scalekit.engine import build, probe_step_memory, step_tracker, train_step
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch
 from scalekit.models.tensor_parallel import full_parameters
@@ -66,6 +66,26 @@ LADDER = {"ddp": ["ddp"], "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"}
 def train(cfg):
     """Losses (averaged over ranks), full parameters, this rank's optimizer state (values) and the last step's
     full gradients at each of STEPS steps of `cfg`."""
+    return _train(cfg, peak=False)[0]
+
+
+def train_and_peak(cfg):
+    """train(cfg)'s figures, and this rank's peak memory over one more step, counted as the engine counts a
+    rank's (engine._probe_cpu_memory: live tensors, a DTensor by its shard) once the figures are taken."""
+    return _train(cfg, peak=True)
+
+
+def one_step_peak(cfg) -> int:
+    """This rank's peak memory as scalekit.run(steps=1) measures it: built, one step, then the counted one."""
+    cfg = cfg.resolve(CPU)
+    with contextlib.ExitStack() as stack:
+        distributed.setup(CPU, stack, cfg.batch_size)
+        ctx = build(cfg, CPU, stack)
+        train_step(ctx, next(ctx.batches))
+        return probe_step_memory(ctx, step_tracker(ctx, distributed.LocalTensorBytes))
+
+
+def _train(cfg, peak: bool):
     cfg = cfg.resolve(CPU)
     with contextlib.ExitStack() as stack:
         group = distributed.setup(CPU, stack, cfg.batch_size) if needs_process_group(cfg.toggles) else None
@@ -73,7 +93,7 @@ def train(cfg):
         losses, grads = [], []
         degree = parse(cfg.toggles["tensor_parallel"])[0] if "tensor_parallel" in cfg.toggles else 1
         # every step's gradients, full, as the optimizer is about to use them
-        ctx.optimizer.register_step_pre_hook(
+        collecting = ctx.optimizer.register_step_pre_hook(
             lambda *_, model=ctx.base_model: grads.append(full_parameters(model, degree, grads=True)))
         for _ in range(STEPS):
             loss = train_step(ctx, next(ctx.batches)).detach()
@@ -87,8 +107,12 @@ def train(cfg):
         params = {n: t for n, t in full_parameters(ctx.base_model, degree).items() if id(named[n]) in live}
         state = sum(local(t).numel() for s in ctx.optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor) and t.dim() > 0)  # (not Adam's step counters)
+        measured = None
+        if peak:  # (params are copies: the extra step changes none of the figures above)
+            collecting.remove()
+            measured = probe_step_memory(ctx, step_tracker(ctx, distributed.LocalTensorBytes))
         del ctx
-    return losses, params, state, grads
+    return (losses, params, state, grads), measured
 
 
 def local(t):

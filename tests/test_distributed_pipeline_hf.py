@@ -8,7 +8,6 @@ schedule, and a Qwen2 whose embedding and head share one weight (the tie kept ac
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import pytest
@@ -19,7 +18,7 @@ import scalekit
 from scalekit.engine import build, train_step
 from scalekit.errors import ConfigError, ToggleUnavailable
 from scalekit.launch import LaunchError, launch
-from tests.test_distributed_parallel import BATCH, CPU, close, train
+from tests.test_distributed_parallel import BATCH, CPU, close, one_step_peak, train, train_and_peak
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -49,10 +48,10 @@ def config(family: str, toggles: dict | None = None, **changes) -> scalekit.RunC
 
 def _all_schedules():
     dist.init_process_group("gloo")
-    out = {name: train(config(family, {"pipeline_parallel": value})) for name, (family, value) in CASES.items()}
-    # each rank's measured peak of one step under GPipe (the engine's per-rank accounting), for the planner
-    run = scalekit.run(dataclasses.replace(config("llama", {"pipeline_parallel": "gpipe"}), steps=1))
-    out["peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
+    out = {name: train(config(family, {"pipeline_parallel": value})) for name, (family, value) in CASES.items()
+           if name != "gpipe"}
+    # GPipe trained, then each rank's measured peak of one more step (the engine's per-rank accounting), for the planner
+    out["gpipe"], out["peak"] = train_and_peak(config("llama", {"pipeline_parallel": "gpipe"}))
     dist.destroy_process_group()
     return out
 
@@ -93,18 +92,32 @@ def test_the_planner_gives_each_stages_memory_within_15_percent_of_the_measured_
     measured = max(out["peak"] for out in two_ranks)
     error = (planned.peak_bytes - measured) / measured
     assert abs(error) < 0.15, f"planned {planned.peak_bytes:,} vs measured {measured:,}: {error:+.1%}"
+    each_stage_within_15_percent(planned, [out["peak"] for out in two_ranks])  # rank r: stage r
     whole = estimate(config("llama", ["ddp"]), device="cpu", world_size=2)  # every rank the whole model
     assert planned.params_bytes < whole.params_bytes and planned.activations_bytes < whole.activations_bytes
+
+
+def each_stage_within_15_percent(planned, peaks: list[int]) -> None:
+    """The plan of each pipeline stage against the measured peaks of its ranks (`peaks` by rank, a stage's ranks
+    side by side: the pipeline is the mesh's first dimension), and the stage planned highest is the measured one."""
+    per = len(peaks) // len(planned.stage_peaks_bytes)
+    measured = [max(peaks[s * per:(s + 1) * per]) for s in range(len(planned.stage_peaks_bytes))]
+    for stage, (plan, peak) in enumerate(zip(planned.stage_peaks_bytes, measured, strict=True)):
+        error = (plan - peak) / peak
+        assert abs(error) < 0.15, f"stage {stage}: planned {plan:,} vs measured {peak:,} ({peaks}): {error:+.1%}"
+    assert planned.peak_bytes == max(planned.stage_peaks_bytes)
+    assert measured.index(max(measured)) == planned.stage_peaks_bytes.index(planned.peak_bytes), (measured, planned)
 
 
 def _pipelines_side_by_side():
     dist.init_process_group("gloo")
     two_d = {"pipeline_parallel": "1f1b/2,stages=2", "fsdp": True}
-    out = {"gpt": train(gpt_config(two_d)), "llama": train(config("llama", two_d))}
+    out = {}
+    for model, cfg in (("gpt", gpt_config(two_d)), ("llama", config("llama", two_d))):  # trained, then each rank's
+        out[model], out[f"{model} 1f1b peak"] = train_and_peak(cfg)  # measured peak, for the planner
     gpipe = {"pipeline_parallel": "gpipe,stages=2", "fsdp": True}
-    for model, cfg in (("gpt", gpt_config(gpipe)), ("llama", config("llama", gpipe))):  # each rank's measured
-        run = scalekit.run(dataclasses.replace(cfg, steps=1))  # peak, for the planner
-        out[f"{model} peak"] = run.per_rank[dist.get_rank()]["peak_mem_bytes"]
+    for model, cfg in (("gpt", gpt_config(gpipe)), ("llama", config("llama", gpipe))):
+        out[f"{model} peak"] = one_step_peak(cfg)
     dist.destroy_process_group()
     return out
 
@@ -131,12 +144,25 @@ def test_two_pipelines_side_by_side_sharded_by_fsdp_train_like_one_process(one_p
     # micro-batches' backwards) the highest, within 15% of the measured
     gpipe = {"pipeline_parallel": "gpipe,stages=2", "fsdp": True}
     for model, cfg in (("gpt", gpt_config(gpipe)), ("llama", config("llama", gpipe))):
-        planned = estimate(cfg, device="cpu", world_size=4).peak_bytes
+        planned = estimate(cfg, device="cpu", world_size=4)
         peaks = [out[f"{model} peak"] for out in outs]  # ranks 0, 1: the first stage; 2, 3: the last
         measured = max(peaks)
-        error = (planned - measured) / measured
-        assert abs(error) < 0.15, f"{model}: planned {planned:,} vs measured {measured:,} ({peaks}): {error:+.1%}"
+        error = (planned.peak_bytes - measured) / measured
+        assert abs(error) < 0.15, f"{model}: planned {planned.peak_bytes:,} vs measured {measured:,} ({peaks}): " \
+                                  f"{error:+.1%}"
         assert min(peaks[2:]) > max(peaks[:2]), (model, peaks)
+        if model == "llama":  # (a traced plan is planned stage by stage)
+            each_stage_within_15_percent(planned, peaks)
+    # 1F1B, as trained: the first stage holds both micro-batches as its first backward begins, the last one (and
+    # its head's); the Llama's plan follows each stage, within 15%, the first the highest
+    two_d = {"pipeline_parallel": "1f1b/2,stages=2", "fsdp": True}
+    one_f_one_b = estimate(config("llama", two_d), device="cpu", world_size=4)
+    peaks = [out["llama 1f1b peak"] for out in outs]
+    each_stage_within_15_percent(one_f_one_b, peaks)
+    assert one_f_one_b.stage_peaks_bytes[0] > one_f_one_b.stage_peaks_bytes[1] and max(peaks[:2]) > max(peaks[2:])
+    # the GPT's analytic plan keeps every micro-batch on every stage (GPipe's): for 1F1B an upper bound
+    gpt_peaks = [out["gpt 1f1b peak"] for out in outs]
+    assert estimate(gpt_config(two_d), device="cpu", world_size=4).peak_bytes >= max(gpt_peaks), gpt_peaks
     for out in outs:
         for model, (ref_losses, ref_params, _, ref_grads) in refs.items():
             losses, params, _, grads = out[model]

@@ -156,6 +156,36 @@ def test_every_toggle_is_planned_or_named_in_a_note():
         assert text in plan.notes
 
 
+def test_a_pipeline_stage_is_planned_with_the_micro_batches_its_schedule_keeps_in_flight():
+    from scalekit.models.pipeline import in_flight
+    from scalekit.plan.estimate import Estimate
+    from scalekit.plan.ranks import LOGITS_COPIES, per_rank
+    from scalekit.toggles import plan_facts
+
+    # torch's 1F1B runs min(stages - s, micro-batches) forwards on stage s before its first backward, GPipe all of
+    # them; interleaved counts a forward through one of a rank's 2 stages as half a micro-batch through its blocks
+    assert in_flight("1f1b", 2, 4).first == (2, 1) and in_flight("1f1b", 4, 8).first == (4, 3, 2, 1)
+    assert in_flight("1f1b", 2, 4).later == (2, 1) and in_flight("1f1b", 2, 2).later == (1, 1)
+    assert in_flight("gpipe", 2, 4).first == (4, 4) and in_flight("gpipe", 2, 4).later == (3, 3)
+    assert in_flight("interleaved", 2, 4).first == (2.5, 1.5) and in_flight("1f1b", 2, 1).later == (0, 0)
+    assert (in_flight("1f1b", 2, 4).head_first, in_flight("gpipe", 2, 4).head_first) == (1, 4)
+    # a traced step whose forward keeps 8 MB in its blocks and 0.4 MB of log-probabilities (weights left out)
+    blocks, logits = 8_000_000, 400_000
+    single = Estimate(label="traced", params_bytes=0, grads_bytes=0, optimizer_state_bytes=0, activations_bytes=0,
+                      peak_bytes=blocks + LOGITS_COPIES * logits, saved_activations_bytes=blocks + logits,
+                      flops_per_step=None, hardware_flops_per_step=None, n_params=0, logits_bytes=logits,
+                      method="traced: one step on fake tensors")
+    plans = {schedule: per_rank(single, plan_facts({"pipeline_parallel": schedule}, 2, (2, 1, 1)), 2, True)
+             for schedule in ("1f1b", "gpipe")}
+    stage = blocks // 2  # each stage's blocks, of all 4 micro-batches
+    # 1F1B: stage 0 holds 2 of the 4 micro-batches, the last 1 and its head's copies of one micro-batch's logits
+    assert plans["1f1b"].stage_peaks_bytes == [stage * 2 // 4, stage // 4 + logits * LOGITS_COPIES // 4]
+    assert plans["1f1b"].peak_bytes == stage // 2  # the first stage's: the plan is the highest rank's
+    # GPipe: every micro-batch on both stages; the last adds the head's log-probabilities of all of them
+    assert plans["gpipe"].stage_peaks_bytes == [stage, stage + logits * (4 + LOGITS_COPIES - 1) // 4]
+    assert any("the plan is the ranks of the pipeline's stage 0" in n for n in plans["1f1b"].notes)
+
+
 @pytest.mark.parametrize("user_model", [False, True], ids=["gpt", "user model"])
 def test_runs_spread_over_ranks_are_planned_per_rank(user_model):
     cfg = dict(model=NanoStyleGPT, batch_fn=token_batch, loss_fn=nano_loss) if user_model else dict(preset="small")

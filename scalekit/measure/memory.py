@@ -70,8 +70,9 @@ class LiveTensorBytes(TorchDispatchMode):
         self.devices = devices  # device types whose tensors are counted (the planner counts fake CUDA ones too)
         self._live: dict[int, int] = {}
         self.baseline_bytes = 0
-        for t in baseline:
-            self._track(t.untyped_storage(), baseline=True)
+        for t in baseline:  # (a tensor on the meta device, as a pipeline rank's other stages' weights, holds none)
+            if t.device.type in devices:
+                self._track(t.untyped_storage(), baseline=True)
         self.current_bytes = self.baseline_bytes
         self.peak_bytes = self.current_bytes
 

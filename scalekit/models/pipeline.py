@@ -46,6 +46,61 @@ def bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """The micro-batches whose activations each rank of a pipeline holds (rank 0, the first stage, first), as a
+    backward begins: the step's first backward (no gradient exists yet) and the most at any later one (the rank's
+    gradients exist).  Counted in micro-batches through all of the rank's blocks: with several stages on a rank
+    (interleaved), a micro-batch through one of its v stages is 1/v.  The last stage's head (its logits) counts its
+    own: one micro-batch's where the head's backward follows its forward, every micro-batch's under GPipe."""
+
+    micro_batches: int
+    first: tuple[float, ...]
+    later: tuple[float, ...]  # 0 where a rank has no later backward (one micro-batch)
+    head_first: int
+    head_later: int
+
+
+def passes(schedule: str, rank: int, ranks: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The forwards ('F') and backwards ('B') one rank of a pipeline runs in a step, in torch's order, each with the
+    rank's stage it goes through (0 .. stages per rank - 1): a micro-batch each."""
+    m = micro_batches
+    if schedule == "gpipe":  # every forward, then every backward
+        return [("F", 0)] * m + [("B", 0)] * m
+    if schedule == "1f1b":  # ranks - rank forwards first, then one backward before each further forward
+        warmup = min(m, ranks - rank)
+        return [("F", 0)] * warmup + [("B", 0), ("F", 0)] * (m - warmup) + [("B", 0)] * warmup
+    # interleaved 1F1B (torch's ScheduleInterleaved1F1B and _get_1f1b_rank_ops): v stages per rank, taken in rounds
+    # of micro-batches; warmup forwards, then a forward and a backward at each step, then the last backwards
+    v = STAGES_PER_RANK
+    per_round = m // max(1, m // ranks)
+    ops = v * m
+    warmup = min((v - 1) * per_round + 2 * (ranks - 1 - rank), ops)
+    forward = [(step // per_round) % v for step in range(ops)]
+    backward = [v - 1 - (step // per_round) % v for step in range(ops)]
+    order = [("F", forward[k]) for k in range(warmup)]
+    for k in range(ops - warmup):
+        order += [("F", forward[warmup + k]), ("B", backward[k])]
+    return order + [("B", backward[k]) for k in range(ops - warmup, ops)]
+
+
+def in_flight(schedule: str, ranks: int, micro_batches: int) -> InFlight:
+    """What each rank of a pipeline of `ranks` holds as its backwards begin, under `schedule` (`passes`)."""
+    per_rank = STAGES_PER_RANK if schedule in LOOPED else 1
+    first, later, head = [], [], []
+    for rank in range(ranks):
+        held = [0] * per_rank
+        moments = []  # (micro-batches through one of the rank's stages held, of them through its last) at each backward
+        for kind, stage in passes(schedule, rank, ranks, micro_batches):
+            if kind == "B":
+                moments.append((sum(held), held[-1]))
+            held[stage] += 1 if kind == "F" else -1
+        first.append(moments[0][0] / per_rank)
+        later.append(max((n for n, _ in moments[1:]), default=0) / per_rank)
+        head = [moments[0][1], max((n for _, n in moments[1:]), default=0)]  # the last rank's, its last stage
+    return InFlight(micro_batches, tuple(first), tuple(later), *head)
+
+
 class GPTStage(nn.Module):
     """Blocks [start, stop) of a GPT, with the embeddings on the first stage and the head on the last."""
 

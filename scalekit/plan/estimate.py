@@ -29,6 +29,14 @@ class Estimate:
     host_bytes: int = 0  # training state kept in host memory by an offload toggle (not in peak_bytes on a GPU)
     blocks_bytes: int = 0  # fp32 bytes of all repeated blocks' weights (what tensor parallelism splits)
     logits_bytes: int = 0  # fp32 bytes of one step's logits (rows × seq × vocab), where traced: a pipeline's last stage's
+    # of saved_activations_bytes, what tensor parallelism splits (attention's and the MLP's, between their column- and
+    # row-split layers), where traced with tensor_parallel; 1/degree of it per rank
+    split_activations_bytes: int = 0
+    # where traced: the most bytes beyond the weights and optimizer state before the step's first gradient exists
+    # (forward, and backward until then): a moment gradients split over ranks do not lower
+    activations_before_grads_bytes: int = 0
+    # a traced pipeline's planned peak on the ranks of each stage, first stage first (peak_bytes is the highest)
+    stage_peaks_bytes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def memory_breakdown(self) -> dict[str, int]:

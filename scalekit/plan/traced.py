@@ -6,7 +6,10 @@ computes only the shapes of its outputs.  The planner builds the run exactly as 
 accumulation, the optimizer), takes one step so that the optimizer's state exists, then takes one more
 step under the live-tensor count the engine uses to measure a CPU run's peak.  So on a CPU the prediction
 is the measurement's own method, applied without allocating anything; the parameters, gradients and
-optimizer state come from the real parameters' shapes.
+optimizer state come from the real parameters' shapes.  The same count also gives what the first forward keeps
+for backward (read as it returns its loss), the most held before the first gradient exists, and, for a run with
+tensor_parallel, the part of what forward keeps that the split layers hold (scalekit.plan.ranks uses them for a
+rank's share).
 
 What fake tensors cannot run is said, not guessed: a step whose Python code reads tensor values (`if
 loss > 0`, `.item()`) stops the trace with that error; bitsandbytes' 8-bit optimizers run their own
@@ -70,7 +73,7 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
                                          batch_fn=lambda batch_size, device: to_device(sample, device))
     with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:
         try:
-            step = _trace(traced_cfg, planning_hardware(device_type), stack)
+            step = _trace(traced_cfg, planning_hardware(device_type), stack, facts.tensor_parallel)
         except Exception as exc:
             raise PlanUnavailable(f"estimate could not trace one training step of your model on fake tensors "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
@@ -81,7 +84,9 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
         _quantized_base(step, facts.quantized_base, quantized, notes)
     params, grads, state, peak = step["params_bytes"], step["grads"], step["state"], step["peak"]
     return Estimate(label=label, params_bytes=params, grads_bytes=grads, optimizer_state_bytes=state,
-                    activations_bytes=peak - params - grads - state, peak_bytes=peak, saved_activations_bytes=None,
+                    activations_bytes=peak - params - grads - state, peak_bytes=peak,
+                    saved_activations_bytes=step["saved"], split_activations_bytes=step["split"],
+                    activations_before_grads_bytes=step["before_grads"],
                     flops_per_step=step["flops"], hardware_flops_per_step=step["flops"],
                     n_params=sum(p.numel() for p in step["params"]), largest_block_bytes=step["block_bytes"],
                     blocks_bytes=step["blocks_bytes"], logits_bytes=cfg.batch_size * cfg.seq_len * step["vocab"] * 4,
@@ -147,19 +152,82 @@ def _quantized_base(step: dict, mode: str, shapes: list[tuple[int, int]], notes:
                  f"bitsandbytes' kernels cannot run on fake tensors)")
 
 
-def _trace(cfg, hw: Hardware, stack) -> dict:
-    """Build `cfg` under fake tensors, take one step, then count one more; the figures as numbers."""
+class SplitTracker(memory.LiveTensorBytes):
+    """The engine's live-tensor count, also noting the storages made while `inside` is set (by `split_regions`: in
+    the stretch of each block that tensor parallelism splits)."""
+
+    def __init__(self, baseline=(), devices: tuple[str, ...] = ("cpu",)) -> None:
+        self.inside, self.split = False, set()
+        super().__init__(baseline, devices)
+
+    def _track(self, storage, baseline: bool = False) -> None:
+        key = memory.storage_key(storage)
+        new = key not in self._live
+        super()._track(storage, baseline)
+        if new:  # (a freed storage's key can come back for a new one)
+            (self.split.add if self.inside else self.split.discard)(key)
+
+    def mark(self, t: torch.Tensor) -> None:
+        self.split.add(memory.storage_key(t.untyped_storage()))
+
+    @property
+    def split_bytes(self) -> int:
+        return sum(self._live.get(key, 0) for key in self.split)
+
+
+def split_regions(model: torch.nn.Module, degree: int, tracker: SplitTracker) -> list:
+    """Hooks setting `tracker.inside` over the stretch of each block that tensor parallelism splits (the model's own
+    plan, models.tensor_parallel.tp_plan): from a column-split layer's output (attention's query, key and value,
+    the MLP's widening layers) to the row-split layer that narrows back, its input included.  Between them every
+    tensor is 1/degree per rank (its heads, its hidden units); the norms and the residual stream are whole."""
+    from ..models.tensor_parallel import tp_plan
+
+    def enter(module, args, output) -> None:
+        tracker.inside = True
+        tracker.mark(output)
+
+    def leave(module, args) -> None:
+        tracker.inside = False
+
+    handles = []
+    for block, plan in tp_plan(model, degree)[0]:
+        for name, style in plan.items():
+            layer = block.get_submodule(name)
+            handles.append(layer.register_forward_hook(enter) if style == "colwise"
+                           else layer.register_forward_pre_hook(leave))
+    return handles
+
+
+def _trace(cfg, hw: Hardware, stack, tensor_parallel: int = 1) -> dict:
+    """Build `cfg` under fake tensors, take one step, then count one more; the figures as numbers.  With
+    `tensor_parallel` > 1 (the run's degree), the activations its split layers keep are counted apart."""
     ctx = training.build(cfg, hw, stack)
     flops = training.flops_per_step(ctx)
     grads = memory.GradBytesAtStep(ctx.optimizer)
     training.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
-    tracker = training.step_tracker(ctx, devices=(hw.device_type,))
+    tracker = training.step_tracker(ctx, SplitTracker, devices=(hw.device_type,))
+    for handle in split_regions(ctx.base_model, tensor_parallel, tracker) if tensor_parallel > 1 else ():
+        stack.callback(handle.remove)
     before_update = {}  # the peak of forward and backward, read as the optimizer step begins
+    forward = {}  # what the first micro-batch's forward keeps for backward, read as it returns its loss
 
     def read_peak(*_) -> None:
         before_update.setdefault("peak", tracker.peak_bytes)
 
+    def read_peak_before_grads(grad):  # as backward computes the step's first gradient
+        before_update.setdefault("before gradients", tracker.peak_bytes - tracker.baseline_bytes)
+
+    def loss_and_saved(model, batch):
+        loss = loss_fn(model, batch)
+        forward.setdefault("saved", tracker.current_bytes - tracker.baseline_bytes)
+        forward.setdefault("split", tracker.split_bytes)
+        return loss
+
     ctx.optimizer.register_step_pre_hook(read_peak)
+    for p in ctx.base_model.parameters():
+        if p.requires_grad:
+            stack.callback(p.register_hook(read_peak_before_grads).remove)
+    loss_fn, ctx.loss_fn = ctx.loss_fn, loss_and_saved
     peak = training.probe_step_memory(ctx, tracker)
     params = list(ctx.base_model.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -169,7 +237,8 @@ def _trace(cfg, hw: Hardware, stack) -> dict:
     head = ctx.base_model.get_output_embeddings() if hasattr(ctx.base_model, "get_output_embeddings") else None
     vocab = head.weight.shape[0] if head is not None else 0  # the logits' width (a model of your own: not known)
     return dict(params=params, trainable=trainable, embedding_ids=embedding_ids, block_bytes=block_bytes, vocab=vocab,
-                blocks_bytes=sum(blocks) * 4,
+                blocks_bytes=sum(blocks) * 4, saved=forward.get("saved"), split=forward.get("split", 0),
+                before_grads=before_update.get("before gradients", 0),
                 backward_peak=before_update.get("peak", peak), peak=peak, grads=grads.grads_bytes or 0, flops=flops,
                 params_bytes=memory.storage_bytes([*params, *ctx.base_model.buffers()]),
                 state=memory.storage_bytes(memory.optimizer_state_tensors(ctx.optimizer)))

@@ -18,11 +18,14 @@ import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..models.pipeline import InFlight
 
 # The phases of a build, in the order the engine runs them.  After the toggles of a phase, the engine
 # builds what that phase is for (engine.BUILDERS): after "data" the batches, after "model_config" the
@@ -141,6 +144,8 @@ class PlanFacts:
     # the mesh's sizes (parallel.mesh_shape of the toggles' mesh_dims), set by the planner before the toggles speak
     tensor_parallel: int = 1  # ranks each block's linear layers are split over (weights, gradients, state); they share a batch
     pipeline_stages: int = 1  # stages the blocks are split into, one per rank; every stage sees the whole batch
+    # the micro-batches each stage holds as its backwards begin, from the pipeline's schedule (models.pipeline.InFlight)
+    pipeline_in_flight: InFlight | None = None
     rank_notes: list[str] = field(default_factory=list)  # how the ranks hold the parts, said beside the plan
 
 

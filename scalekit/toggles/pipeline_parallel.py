@@ -30,6 +30,7 @@ from ..models.pipeline import (
     Pipeline,
     bubble,
     free_other_stages,
+    in_flight,
     split_stages,
 )
 from .base import BuildContext, Spelling, Toggle
@@ -117,8 +118,12 @@ class PipelineParallel(Toggle):
 
     def plan(self, facts, value) -> None:
         stages = facts.pipeline_stages  # the mesh's 'pp' size, set by the planner (parallel.mesh_shape)
-        facts.rank_notes.append(f"pipeline_parallel: 1/{stages} of the blocks per rank (the embeddings on "
-                                f"the first stage, the head on the last), activations of the micro-batches in flight")
+        schedule, micro, _ = parse(value)
+        facts.pipeline_in_flight = held = in_flight(schedule, stages, micro)
+        counts = ", ".join(f"{n:g}" for n in held.first)
+        facts.rank_notes.append(f"pipeline_parallel: 1/{stages} of the blocks per rank (the embeddings on the first "
+                                f"stage, the head on the last); {schedule} keeps {counts} of the {micro} micro-batches' "
+                                f"activations on the stages, first to last, as their first backward begins")
 
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(missing="pipeline parallelism is set up with torch.distributed.pipelining around the model "
