@@ -186,6 +186,15 @@ def test_a_pipeline_stage_is_planned_with_the_micro_batches_its_schedule_keeps_i
     assert any("the plan is the ranks of the pipeline's stage 0" in n for n in plans["1f1b"].notes)
 
 
+def test_the_gpts_analytic_pipeline_plan_says_where_it_is_an_upper_bound():
+    def plan(schedule):
+        cfg = RunConfig(preset="tiny", batch_size=8, toggles={"pipeline_parallel": schedule})
+        return " ".join(estimate(cfg, device="cpu", world_size=2).notes)
+
+    # it keeps every micro-batch on every stage: GPipe's peak, more than 1F1B holds
+    assert "an upper bound" in plan("1f1b/4") and "an upper bound" not in plan("gpipe/4")
+
+
 @pytest.mark.parametrize("user_model", [False, True], ids=["gpt", "user model"])
 def test_runs_spread_over_ranks_are_planned_per_rank(user_model):
     cfg = dict(model=NanoStyleGPT, batch_fn=token_batch, loss_fn=nano_loss) if user_model else dict(preset="small")

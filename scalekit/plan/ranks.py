@@ -148,6 +148,10 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
         # moment), the rank's gradients are not there to be smaller
         early = single.activations_before_grads_bytes - saving if traced else 0
         peak = max(device.total + activations, device.params + device.state + early) + extra
+    flight = facts.pipeline_in_flight
+    if not traced and flight and min(flight.first) < flight.micro_batches:
+        note += (f"; the built-in GPT's analytic plan keeps all {flight.micro_batches} micro-batches on every stage, "
+                 f"where this schedule keeps fewer: an upper bound")
     if facts.offloaded and not on_gpu:
         note += "; on a CPU-only run the host is the device, so offloading saves nothing here"
     return dataclasses.replace(single, params_bytes=device.params, grads_bytes=device.grads,
