@@ -29,10 +29,12 @@ def sleepy_config(schedule_ms, **kwargs) -> RunConfig:
                      loss_fn=loss_fn, batch_size=1, device="cpu", measure_memory=False, **kwargs)
 
 
-def test_a_step_of_known_duration_is_measured_within_10_percent(single_thread):
+def test_a_step_of_known_duration_is_measured_from_its_start_to_its_end(single_thread):
     result = run(sleepy_config(lambda n: 40, steps=8, warmup_steps=1))
     assert result.step_ms.n == 8
-    assert result.step_ms.median == pytest.approx(40, rel=0.10)
+    # never under the 40 ms the loss spins for (the whole step is timed); over it by the step's own work, which a
+    # busy CI machine stretched to 8.5 ms once: well under a second step's 40 ms
+    assert 40 * 0.99 <= result.step_ms.median < 60
 
 
 @pytest.fixture
