@@ -1,5 +1,9 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,21 @@ if _WORKERS > 1:
     _SHARE = str(max(1, (os.cpu_count() or 1) // _WORKERS))
     os.environ["OMP_NUM_THREADS"] = _SHARE
     torch.set_num_threads(int(_SHARE))
+    # inductor's compile pool likewise: by default one fresh interpreter per core, started by every process that
+    # compiles (each importing torch), which costs a process with one core's share more than it can gain
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _SHARE)
+
+
+# The notebook kernels nbval starts read their IPython profile from a folder of the tests' own: nothing from the
+# user's profile reaches them, and one startup line spares each kernel 1.8 s of the 31 it starts.  plotly imports
+# nbformat, whose jsonschema builds rfc3987_syntax's IRI grammar at import; no notebook validates an IRI, and
+# jsonschema without that optional package simply has no "iri" format checker.
+_IPYTHON_DIR = tempfile.mkdtemp(prefix="scalekit-tests-ipython-")
+atexit.register(shutil.rmtree, _IPYTHON_DIR, ignore_errors=True)
+_STARTUP = Path(_IPYTHON_DIR, "profile_default", "startup")
+_STARTUP.mkdir(parents=True)
+(_STARTUP / "00_no_iri_grammar.py").write_text('import sys\nsys.modules.setdefault("rfc3987_syntax", None)\n')
+os.environ["IPYTHONDIR"] = _IPYTHON_DIR
 
 
 FORKING_MODULES = ("test_launch", "test_distributed")
