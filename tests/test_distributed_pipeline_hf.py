@@ -30,6 +30,8 @@ CASES = {  # name: (family, pipeline_parallel)
     "1f1b, Qwen2 with tied embedding and head": ("qwen2", "1f1b"),
 }
 
+INTERLEAVED = "interleaved (4 stages on 2 ranks)"
+
 
 def model_config(family: str, **changes):
     import transformers
@@ -49,9 +51,12 @@ def config(family: str, toggles: dict | None = None, **changes) -> scalekit.RunC
 def _all_schedules():
     dist.init_process_group("gloo")
     out = {name: train(config(family, {"pipeline_parallel": value})) for name, (family, value) in CASES.items()
-           if name != "gpipe"}
-    # GPipe trained, then each rank's measured peak of one more step (the engine's per-rank accounting), for the planner
+           if name not in ("gpipe", INTERLEAVED)}
+    # GPipe and the interleaved schedule trained, then each rank's measured peak of one more step (the engine's
+    # per-rank accounting), for the planner
     out["gpipe"], out["peak"] = train_and_peak(config("llama", {"pipeline_parallel": "gpipe"}))
+    out[INTERLEAVED], out["interleaved peak"] = train_and_peak(config(*CASES[INTERLEAVED][:1],
+                                                                      {"pipeline_parallel": CASES[INTERLEAVED][1]}))
     dist.destroy_process_group()
     return out
 
@@ -95,6 +100,14 @@ def test_the_planner_gives_each_stages_memory_within_15_percent_of_the_measured_
     each_stage_within_15_percent(planned, [out["peak"] for out in two_ranks])  # rank r: stage r
     whole = estimate(config("llama", ["ddp"]), device="cpu", world_size=2)  # every rank the whole model
     assert planned.params_bytes < whole.params_bytes and planned.activations_bytes < whole.activations_bytes
+
+
+def test_the_planner_gives_each_rank_of_an_interleaved_pipeline_its_memory_within_15_percent(two_ranks):
+    from scalekit.plan import estimate
+
+    planned = estimate(config("llama", {"pipeline_parallel": "interleaved"}), device="cpu", world_size=2)
+    assert len(planned.stage_peaks_bytes) == 2  # one figure per rank, each holding two of the four stages
+    each_stage_within_15_percent(planned, [out["interleaved peak"] for out in two_ranks])
 
 
 def each_stage_within_15_percent(planned, peaks: list[int]) -> None:
