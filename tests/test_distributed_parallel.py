@@ -60,7 +60,8 @@ def config(case: str, toggles: dict | None = None, **kw):
         kw["preset"] = "small"  # 4 blocks: 2 stages on each of 2 ranks
     return tiny(batch_size=BATCH, toggles=toggles or {}, **kw)
 LADDER = {"ddp": ["ddp"], "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"}, "fsdp (zero3)": ["fsdp"],
-          "tensor_parallel": {"tensor_parallel": 2}, "pipeline_parallel": {"pipeline_parallel": "gpipe"}}
+          "tensor_parallel": {"tensor_parallel": 2}, "pipeline_parallel": {"pipeline_parallel": "gpipe"},
+          "pipeline_parallel 1f1b/4": {"pipeline_parallel": "1f1b/4"}}  # its first stage holds 2 of the 4
 
 
 def train(cfg):

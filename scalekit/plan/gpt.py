@@ -209,9 +209,13 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
                                   shapes.block_matrices)
 
     layer = layer_activation_bytes(s, act, sdpa, cuda, facts.tensor_parallel)
+    flight = facts.pipeline_in_flight
+    if flight is not None:  # the stage holding the most micro-batches' activations as a backward begins (1F1B's
+        # first stage: min(stages, micro-batches) of them), each micro-batch a share of the batch
+        layer = int(layer * max(flight.first) / flight.micro_batches)
     head = head_activation_bytes(s, act, stable)
     weights_16bit = shapes.linear_weights * act if act != FP32 else 0  # autocast's cached 16-bit weight copies
-    # a pipeline stage keeps the activations of its own blocks only (the whole batch: every micro-batch in flight)
+    # a pipeline stage keeps the activations of its own blocks only (of the micro-batches it holds: above)
     groups = block_groups(s.n_layer // facts.pipeline_stages, facts.checkpointing)
     saved = head + weights_16bit + sum((s.tokens * s.d * FP32) if c else n * layer for n, c in groups)
     block_grads = shapes.block_params * FP32

@@ -30,8 +30,9 @@ strategy does:
   finds the stage's gradients as well, and fewer micro-batches.  The last stage also holds the head's: one fp32
   log-probability tensor (rows × seq × vocab per micro-batch) for each micro-batch its head holds, and at the
   head's backward that micro-batch's gradient of them and of the logits (LOGITS_COPIES in all).  The plan is the
-  rank whose peak is the highest (the notes say which).  The built-in GPT's analytic plan counts a stage's blocks
-  and its head with every micro-batch in flight (GPipe): for 1F1B an upper bound.  With `stages=S` and fsdp,
+  rank whose peak is the highest (the notes say which).  The built-in GPT's analytic plan is one figure, its
+  fullest stage's: a stage's blocks with the most micro-batches any stage holds as a backward begins, and its head
+  with all of them (at or above the last stage's 1F1B head).  With `stages=S` and fsdp,
   S-stage pipelines run side by side and fsdp shards over them: ranks / S; torch's schedules keep each stage's
   weights gathered and its gradients unsharded from the first micro-batch's backward to the last, then
   reduce-scatter them once (a flat copy of them as its input): the stage's whole weights at every moment, its
@@ -148,10 +149,6 @@ def per_rank(single: Estimate, facts, world: int, on_gpu: bool) -> Estimate:
         # moment), the rank's gradients are not there to be smaller
         early = single.activations_before_grads_bytes - saving if traced else 0
         peak = max(device.total + activations, device.params + device.state + early) + extra
-    flight = facts.pipeline_in_flight
-    if not traced and flight and min(flight.first) < flight.micro_batches:
-        note += (f"; the built-in GPT's analytic plan keeps all {flight.micro_batches} micro-batches on every stage, "
-                 f"where this schedule keeps fewer: an upper bound")
     if facts.offloaded and not on_gpu:
         note += "; on a CPU-only run the host is the device, so offloading saves nothing here"
     return dataclasses.replace(single, params_bytes=device.params, grads_bytes=device.grads,
