@@ -55,8 +55,8 @@ def _all_schedules():
     # GPipe and the interleaved schedule trained, then each rank's measured peak of one more step (the engine's
     # per-rank accounting), for the planner
     out["gpipe"], out["peak"] = train_and_peak(config("llama", {"pipeline_parallel": "gpipe"}))
-    out[INTERLEAVED], out["interleaved peak"] = train_and_peak(config(*CASES[INTERLEAVED][:1],
-                                                                      {"pipeline_parallel": CASES[INTERLEAVED][1]}))
+    family, value = CASES[INTERLEAVED]
+    out[INTERLEAVED], out["interleaved peak"] = train_and_peak(config(family, {"pipeline_parallel": value}))
     dist.destroy_process_group()
     return out
 
