@@ -26,6 +26,16 @@ def built(cfg: RunConfig, hw=CPU):
         yield build(cfg, hw, stack)
 
 
+LIBRARY_WORDS = ("Failed to load", "Warning", "warn(", "[transformers]", "UserWarning", "W1", "loss_type")
+
+
+def library_lines(stdout: str, stderr: str) -> list[str]:
+    """What a `scalekit` command printed that is not scalekit's: stderr lines other than its progress ("  · ")
+    and its own messages, and stdout lines holding the marks of a library's warnings."""
+    foreign = [line for line in stderr.splitlines() if line and not line.startswith(("  · ", "scalekit"))]
+    return foreign + [line for line in stdout.splitlines() if any(word in line for word in LIBRARY_WORDS)]
+
+
 def learns(result, drop: float = 0.3) -> bool:
     """The loss is finite everywhere and fell by at least `drop` nats from the first step to the last."""
     losses = [loss for _, loss in result.losses]

@@ -15,7 +15,9 @@ from scalekit.models import GPT, PRESETS
 def test_compiled_model_round_trip_is_exact_and_clean(tmp_path):
     torch.manual_seed(0)
     model = GPT(PRESETS["tiny"].gpt_config())
-    compiled = torch.compile(model)
+    # torch.compile's wrapper is what renames the keys, whichever backend it lowers to: dynamo's own (no C++
+    # compile; inductor's code is tested against eager in tests/test_compile_equivalence.py)
+    compiled = torch.compile(model, backend="eager")
     idx = torch.randint(0, 65, (2, 16))
     with torch.no_grad():
         compiled(idx)  # compile really ran (one inference graph: the trap is the same as after training)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from scalekit.cli import main
+from tests.helpers import library_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -204,10 +205,8 @@ def own_words_only(argv: list[str], timeout_s: float = 240) -> str:
     proc = subprocess.run([sys.executable, "-m", "scalekit.cli", *argv], capture_output=True, text=True,
                           timeout=timeout_s, env=scalekit_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    foreign = [line for line in proc.stderr.splitlines() if line and not line.startswith(("  · ", "scalekit"))]
+    foreign = library_lines(proc.stdout, proc.stderr)
     assert not foreign, "\n".join(foreign)
-    for pattern in ("Failed to load", "Warning", "warn(", "[transformers]", "UserWarning", "W1", "loss_type"):
-        assert pattern not in proc.stdout, (pattern, proc.stdout)
     return proc.stdout + proc.stderr
 
 
@@ -220,12 +219,7 @@ def test_a_hugging_face_run_prints_only_scalekits_words():
                     "--toggle", "lora=4"])  # peft asks transformers a deprecated question
 
 
+# (a compiled torchao generation, whose cold compile is where torchao and inductor speak, is held to the same words
+# as the inference ladder's "+ int8" rung, in tests/test_inference_cli.py's fresh process)
 def test_a_generation_prints_only_scalekits_words():
     own_words_only(["generate", "--max-new-tokens", "2", "--warmup-tokens", "0", "--device", "cpu", "--no-quality"])
-
-
-@pytest.mark.slow
-def test_a_compiled_torchao_generation_prints_only_scalekits_words():
-    pytest.importorskip("torchao")
-    own_words_only(["generate", "--max-new-tokens", "4", "--device", "cpu", "--toggle", "quantize=torchao-int8",
-                    "--toggle", "compile", "--toggle", "kv_cache=static"])

@@ -12,7 +12,7 @@ from scalekit.cli import main
 from scalekit.inference import GenerateConfig, inference_ladder
 from scalekit.inference.ladder import INFERENCE_LADDER, first_available
 from scalekit.ladder import LADDERS
-from tests.helpers import CPU, one_thread
+from tests.helpers import CPU, library_lines, one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,3 +94,5 @@ def test_ladder_inference_end_to_end_in_a_fresh_process(tmp_path):
     assert rows[9]["config"]["toggles"]["speculative"] == "prompt_lookup" and rows[9]["acceptance_rate"] is not None
     for word in ("decode tok/s", "speed-up", "weights MB", "KV MB", "perplexity"):
         assert word in proc.stdout
+    # nothing but scalekit's words, cold compiles of torchao's int8 and hqq's 4-bit layers included
+    assert not library_lines(proc.stdout, proc.stderr), library_lines(proc.stdout, proc.stderr)
