@@ -207,9 +207,9 @@ def test_a_rank_that_raises_under_tensor_parallel_is_named_first():
 @pytest.mark.slow  # the fault is the hang: the limit leaves the ranks time to build and take a step first
 def test_a_rank_that_hangs_under_tensor_parallel_is_stopped_at_the_time_limit_and_named():
     with pytest.raises(LaunchError) as info:
-        launch(_fails_under_tensor_parallel, "hang", nprocs=2, timeout_s=12)
+        launch(_fails_under_tensor_parallel, "hang", nprocs=2, timeout_s=6)
     text = str(info.value)
-    assert info.value.timed_out and text.startswith("the launch reached its time limit of 12 s"), text
+    assert info.value.timed_out and text.startswith("the launch reached its time limit of 6 s"), text
     assert "rank 1 was in _fails_under_tensor_parallel (" in text  # where it hung, from its own stack
 
 

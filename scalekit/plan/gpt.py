@@ -27,8 +27,9 @@ device (no memory allocated), so nothing here restates its shapes by hand.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -45,7 +46,7 @@ from .optimizer_state import optimizer_state_bytes
 class ModelShapes:
     """What the planner needs of the model's parameters, read off the GPT built on the meta device."""
 
-    param_shapes: list[tuple[int, ...]]  # every parameter tensor, a tied one once, in module order
+    param_shapes: tuple[tuple[int, ...], ...]  # every parameter tensor, a tied one once, in module order
     embedding_index: int  # position of the token embedding in param_shapes
     block_matrices: tuple[int, ...]  # positions of the blocks' 2-D weights in param_shapes (Muon's share)
     block_params: int  # parameters of one transformer block
@@ -62,7 +63,14 @@ class ModelShapes:
 
 def model_shapes(gpt_config: GPTConfig, stable_embedding: bool) -> ModelShapes:
     """Build the GPT on the meta device and read its sizes (with bitsandbytes' StableEmbedding, the
-    LayerNorm the 8-bit optimizers add after the token embedding)."""
+    LayerNorm the 8-bit optimizers add after the token embedding).  Kept per config: a ladder or a search plans
+    the same shapes once per rung or candidate, and building the model, even on the meta device, takes tens of ms."""
+    return _model_shapes(astuple(gpt_config), stable_embedding)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_shapes(gpt_fields: tuple, stable_embedding: bool) -> ModelShapes:
+    gpt_config = GPTConfig(*gpt_fields)
     with torch.device("meta"):
         model = GPT(gpt_config)
         extra = list(torch.nn.LayerNorm(gpt_config.n_embd).parameters()) if stable_embedding else []
@@ -70,7 +78,7 @@ def model_shapes(gpt_config: GPTConfig, stable_embedding: bool) -> ModelShapes:
     wte = model.transformer.wte.weight
     linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
     block_linear = [m.weight.numel() for m in model.transformer.h[0].modules() if isinstance(m, torch.nn.Linear)]
-    return ModelShapes(param_shapes=[tuple(p.shape) for p in [*params, *extra]],
+    return ModelShapes(param_shapes=tuple(tuple(p.shape) for p in [*params, *extra]),
                        embedding_index=next(i for i, p in enumerate(params) if p is wte),
                        block_matrices=tuple(i for i, p in enumerate(params) if id(p) in block_matrix_ids(model)),
                        block_params=sum(p.numel() for p in model.transformer.h[0].parameters()),
