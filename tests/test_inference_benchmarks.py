@@ -46,11 +46,13 @@ def test_generate_hf_llama_compares_scalekit_with_the_models_own_generate():
 @pytest.mark.slow
 def test_kv_cache_speedup_writes_its_figures(tmp_path):
     path = tmp_path / "kv.json"
-    out = run_benchmark("benchmarks/kv_cache_speedup.py", "--new-tokens", "40", "--threads", "1", "--json", str(path))
+    out = run_benchmark("benchmarks/kv_cache_speedup.py", "--new-tokens", "150", "--threads", "1", "--json", str(path))
     assert re.fullmatch(r"ratio=\d+\.\d", out.strip().splitlines()[-1])
     doc = json.loads(path.read_text())
     assert doc["same_tokens"] and set(doc["speedup"]) == {"no cache", "kv_cache=dynamic", "kv_cache=static"}
-    assert doc["speedup"]["kv_cache=static"] > 1  # on any hardware: 40 tokens without a cache read ≈20× more
+    # on any hardware: 150 tokens without a cache re-read ≈75× the positions (3.7× the time here, 0.68 s against
+    # 0.19 s; at 40 tokens, 0.09 s against 0.05 s, a busy machine once made the cached run the slower)
+    assert doc["speedup"]["kv_cache=static"] > 1
 
 
 def test_the_recorded_cpu_measurement_says_how_it_was_made():
