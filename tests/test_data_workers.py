@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,6 +54,37 @@ def gone(pids, within_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def started(cmd: list[str]) -> subprocess.Popen:
+    """`cmd` in a session of its own (its Ctrl-C reaches its process group only), its output read here, with
+    faulthandler on: SIGABRT makes it print every thread's stack, so that a run that does not end says where."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONFAULTHANDLER": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
+
+
+def interrupted(proc: subprocess.Popen, within_s: float = 60) -> tuple[str, str]:
+    """Ctrl-C to proc's process group; its (stdout, stderr) once it has ended.  A process still running after
+    `within_s` fails the test with its threads' stacks, and is killed and reaped (no zombie left to the next)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGABRT)  # faulthandler prints the stacks, then the process ends
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        ended(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"still running {within_s:g} s after Ctrl-C; its stacks:\n{err[-6000:]}\n{out[-2000:]}") from None
+
+
+def ended(proc: subprocess.Popen) -> None:
+    """proc's process group killed if it still runs, and proc reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 class Watcher:
@@ -179,19 +211,16 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 
 def test_ctrl_c_in_a_notebook_stops_the_run_keeps_its_steps_and_ends_the_workers():
     # a kernel interrupt: KeyboardInterrupt in the run's process (and SIGINT to its process group)
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = started([sys.executable, "-c", CTRL_C_SCRIPT])
     try:
         line = proc.stdout.readline()
         assert line.startswith("WORKERS"), line
         workers = [int(p) for p in line.split()[1:]]
         assert len(workers) == 2
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out, err = interrupted(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0 and "STATUS stopped 0" in out, out
+        ended(proc)
+    assert proc.returncode == 0 and "STATUS stopped 0" in out, out + err
     assert gone(workers)
 
 
@@ -201,8 +230,7 @@ def test_ctrl_c_in_a_terminal_stops_a_data_bound_run_cleanly_and_ends_the_worker
     cmd = [sys.executable, "-m", "scalekit.cli", "bench", "--preset", "tiny", "--device", "cpu", "--data",
            "shakespeare-raw", "--transform-rounds", "400", "--steps", "100000", "--warmup-steps", "1",
            "--log-every", "1", "--toggle", "dataloader_num_workers=2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = started(cmd)
     try:
         for line in proc.stderr:
             if "measuring" in line:
@@ -210,11 +238,9 @@ def test_ctrl_c_in_a_terminal_stops_a_data_bound_run_cleanly_and_ends_the_worker
         time.sleep(0.5)
         workers = [p.pid for p in psutil.Process(proc.pid).children()]
         assert len(workers) == 2
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = interrupted(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        ended(proc)
     assert proc.returncode == 1 and "stopped" in out and "exited unexpectedly" not in out + err, out + err
     assert err.count("stopping after this step") == 1  # said by the run; the workers ignored the Ctrl-C
     assert gone(workers)
@@ -236,8 +262,7 @@ def test_a_ctrl_c_that_reaches_only_the_workers_does_not_end_them():
 
 def test_workers_of_a_killed_run_exit_by_themselves():
     # SIGKILL leaves no chance to clean up: each worker sees its parent gone and exits
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = started([sys.executable, "-c", CTRL_C_SCRIPT])
     try:
         line = proc.stdout.readline()
         workers = [int(p) for p in line.split()[1:]]
@@ -245,8 +270,7 @@ def test_workers_of_a_killed_run_exit_by_themselves():
         proc.wait(10)
         assert len(workers) == 2 and gone(workers, within_s=30)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        ended(proc)
         for p in workers if "workers" in locals() else []:
             if psutil.pid_exists(p):
                 os.kill(p, signal.SIGKILL)
