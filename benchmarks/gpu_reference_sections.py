@@ -63,8 +63,10 @@ def gpu_tests(dry_run: bool) -> dict:
         files = [f for f in files if f.endswith("test_gpu.py")]  # they skip on a CPU: this checks the parsing
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
+        # without nbval's plugin: no notebook is among these files, and its imports (nbformat, jsonschema's
+        # IRI grammar) are 3 s of this pytest's start on a CPU
         subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "gpu or multi_gpu", "-q", "-p",
-                        "no:cacheprovider", "--continue-on-collection-errors", f"--junitxml={xml}"],
+                        "no:cacheprovider", "-p", "no:nbval", "--continue-on-collection-errors", f"--junitxml={xml}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
         rows = _junit_rows(xml) if xml.exists() else []
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "skipped", "error")}
