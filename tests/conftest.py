@@ -1,8 +1,11 @@
 import atexit
+import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,28 @@ def _scalekit_cache(tmp_path_factory):
     if "SCALEKIT_CACHE" not in os.environ:
         os.environ["SCALEKIT_CACHE"] = str(tmp_path_factory.mktemp("scalekit-cache"))
     yield
+
+
+# Where the suite's time goes: with SCALEKIT_TEST_CPU_LOG=FILE, every test appends one JSON line to FILE, its wall
+# seconds and the CPU seconds of its process and of the children it reaped (notebook kernels, CLI and benchmark
+# subprocesses, forked ranks, inductor's compiler runs).  `python tools/suite_cpu.py FILE` sums them per file.
+_CPU_LOG = os.environ.get("SCALEKIT_TEST_CPU_LOG")
+
+
+def _cpu_s() -> tuple[float, float]:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_LOG:
+        yield
+        return
+    (own0, children0), wall0 = _cpu_s(), time.perf_counter()
+    yield
+    (own1, children1), wall1 = _cpu_s(), time.perf_counter()
+    line = {"id": item.nodeid, "wall_s": wall1 - wall0, "own_cpu_s": own1 - own0, "children_cpu_s": children1 - children0,
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    with open(_CPU_LOG, "a") as f:  # one short line per write: the workers' lines do not interleave
+        f.write(json.dumps(line) + "\n")

@@ -1,0 +1,54 @@
+"""The suite's time recorder (SCALEKIT_TEST_CPU_LOG in tests/conftest.py) and its summary (tools/suite_cpu.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def suite_cpu():
+    spec = importlib.util.spec_from_file_location("suite_cpu", ROOT / "tools" / "suite_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_files_are_summed_and_ordered_by_cpu():
+    rows = [{"id": "tests/a.py::x", "wall_s": 2.0, "own_cpu_s": 1.0, "children_cpu_s": 0.5, "worker": "gw0"},
+            {"id": "tests/a.py::y", "wall_s": 1.0, "own_cpu_s": 0.25, "children_cpu_s": 0.0, "worker": "gw0"},
+            {"id": "notebooks/n.ipynb::Cell 3", "wall_s": 0.1, "own_cpu_s": 0.0, "children_cpu_s": 6.0, "worker": "gw1"}]
+    tool = suite_cpu()
+    assert tool.per_file(rows) == [("notebooks/n.ipynb", 6.0, 0.1, 1), ("tests/a.py", 1.75, 3.0, 2)]
+    text = tool.report(rows, top=1)
+    assert "3 tests on 2 worker(s): 8 CPU s" in text and "notebooks 6 CPU s (77%)" in text
+    assert "tests/a.py::x" not in text  # --top 1: the costliest test only
+
+
+def test_the_recorder_logs_a_line_per_test_with_its_childrens_cpu(tmp_path, monkeypatch):
+    from tests import conftest
+
+    log = tmp_path / "cpu.jsonl"
+    monkeypatch.setattr(conftest, "_CPU_LOG", str(log))
+
+    def recorded(nodeid, body):  # the hook around a test, as pytest drives a hookwrapper
+        hook = conftest.pytest_runtest_protocol(SimpleNamespace(nodeid=nodeid), None)
+        next(hook)
+        body()
+        with contextlib.suppress(StopIteration):
+            hook.send(None)
+
+    recorded("tests/t.py::test_child",
+             lambda: subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True))
+    recorded("tests/t.py::test_nothing", lambda: None)
+    rows = {r["id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert list(rows) == ["tests/t.py::test_child", "tests/t.py::test_nothing"]
+    child, nothing = rows["tests/t.py::test_child"], rows["tests/t.py::test_nothing"]
+    assert child["children_cpu_s"] > 0.05 and nothing["children_cpu_s"] == 0  # the reaped child's CPU, where it ran
+    assert child["wall_s"] >= child["children_cpu_s"] * 0.9 and all(r["own_cpu_s"] >= 0 for r in rows.values())
