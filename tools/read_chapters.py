@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 WIDGET = "application/vnd.jupyter.widget-view+json"
+SCRIPT = re.compile(r"<script\b.*?</script>", re.S | re.I)
 NOISE = [
     (re.compile(r"Warning:|warnings\.warn|UserWarning|FutureWarning|DeprecationWarning"), "a warning"),
     (re.compile(r"Traceback \(most recent call last\)"), "a traceback"),
@@ -55,6 +56,7 @@ def noise(nb) -> list[str]:
                 continue
             # what a static page shows: the HTML where there is some (a table cut by pandas shows there)
             text = output.get("text") or "".join(data.get("text/html", "")) or "".join(data.get("text/plain", ""))
+            text = SCRIPT.sub("", text)  # a figure's embedded plotly.js is code the page runs, not text it shows
             for pattern, what in NOISE:
                 match = pattern.search(text)
                 if match:
