@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -154,3 +156,11 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def load_tool(name: str):
+    """The script tools/<name>.py as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,20 +1,16 @@
 """Course notebooks are committed without outputs, execution counts or widget state."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("strip_notebooks", ROOT / "tools" / "strip_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _dirt(nb: dict) -> list[str]:
@@ -41,7 +37,7 @@ def test_notebook_is_committed_clean(path):
 
 
 def test_strip_tool_cleans_an_executed_notebook(tmp_path):
-    tool = _load_tool()
+    tool = load_tool("strip_notebooks")
     nb = {
         "cells": [
             {"cell_type": "markdown", "metadata": {}, "source": "# title"},

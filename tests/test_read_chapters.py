@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def read_chapters():
-    spec = importlib.util.spec_from_file_location("read_chapters", ROOT / "tools" / "read_chapters.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_tool
 
 
 def executed(*outputs) -> nbformat.NotebookNode:
@@ -28,7 +18,7 @@ def html(text: str) -> dict:
 
 
 def test_a_figures_embedded_script_is_not_page_noise_but_its_text_is():
-    tool = read_chapters()
+    tool = load_tool("read_chapters")
     figure = '<div id="f"></div><script type="text/javascript">console.warn("PolyBool: Warning: Zero-length")</script>'
     assert tool.noise(executed(html(figure))) == []
     shown = tool.noise(executed(html(figure + "<pre>UserWarning: the page shows this</pre>")))
@@ -36,7 +26,7 @@ def test_a_figures_embedded_script_is_not_page_noise_but_its_text_is():
 
 
 def test_warnings_tracebacks_and_bare_return_values_are_reported():
-    tool = read_chapters()
+    tool = load_tool("read_chapters")
     stream = {"output_type": "stream", "name": "stderr", "text": "x.py:3: FutureWarning: soon\n"}
     bare = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
             "data": {"text/plain": "'plotly_mimetype+notebook'"}}

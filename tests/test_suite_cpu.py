@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def suite_cpu():
-    spec = importlib.util.spec_from_file_location("suite_cpu", ROOT / "tools" / "suite_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_tool
 
 
 def test_files_are_summed_and_ordered_by_cpu():
     rows = [{"id": "tests/a.py::x", "wall_s": 2.0, "own_cpu_s": 1.0, "children_cpu_s": 0.5, "worker": "gw0"},
             {"id": "tests/a.py::y", "wall_s": 1.0, "own_cpu_s": 0.25, "children_cpu_s": 0.0, "worker": "gw0"},
             {"id": "notebooks/n.ipynb::Cell 3", "wall_s": 0.1, "own_cpu_s": 0.0, "children_cpu_s": 6.0, "worker": "gw1"}]
-    tool = suite_cpu()
+    tool = load_tool("suite_cpu")
     assert tool.per_file(rows) == [("notebooks/n.ipynb", 6.0, 0.1, 1), ("tests/a.py", 1.75, 3.0, 2)]
     text = tool.report(rows, top=1)
     assert "3 tests on 2 worker(s): 8 CPU s" in text and "notebooks 6 CPU s (77%)" in text
