@@ -48,6 +48,68 @@ os.environ["IPYTHONDIR"] = _IPYTHON_DIR
 FORKING_MODULES = ("test_launch", "test_distributed")
 
 
+# nbval's kernels are forked from a server that has already imported torch, scalekit, plotly and transformers
+# (tests/preloaded_kernel.py says how, and what a kernel still gets fresh): each of the 31 notebooks' kernels
+# would otherwise spend 4-9 s of CPU importing them again.  SCALEKIT_TEST_PLAIN_KERNELS=1 runs plain kernels.
+_KERNEL_SERVER: dict = {}
+
+
+def _start_kernel_server() -> None:
+    import subprocess
+
+    import nbval.kernel
+
+    folder = tempfile.mkdtemp(prefix="sk-kernels-")
+    socket_path = os.path.join(folder, "server.sock")
+    script = str(Path(__file__).with_name("preloaded_kernel.py"))
+    log = open(os.path.join(folder, "server.log"), "wb")
+    process = subprocess.Popen([sys.executable, script, "serve", socket_path], stdin=subprocess.DEVNULL,
+                               stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    _KERNEL_SERVER.update(process=process, folder=folder)
+    plain = nbval.kernel.NbvalKernelspecManager.get_kernel_spec
+
+    def get_kernel_spec(self, kernel_name):
+        spec = plain(self, kernel_name)
+        if kernel_name != "python3" or process.poll() is not None:
+            return spec
+        spec.argv = [sys.executable, script, "launch", socket_path, "-f", "{connection_file}"]
+        spec.env = {**spec.env, "SCALEKIT_TEST_KERNEL_SERVER_PID": str(process.pid)}
+        spec.interrupt_mode = "signal"
+        return spec
+
+    nbval.kernel.NbvalKernelspecManager.get_kernel_spec = get_kernel_spec
+
+
+def _stop_kernel_server() -> None:
+    process = _KERNEL_SERVER.get("process")
+    if process is None:
+        return
+    if _CPU_LOG:  # the server's imports, on no test's account
+        _log_cpu({"id": "tests/preloaded_kernel.py::server", "wall_s": 0.0, "own_cpu_s": 0.0,
+                  "children_cpu_s": _kernel_server_cpu_s(own=True), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+    del _KERNEL_SERVER["process"]
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except Exception:
+        process.kill()
+        process.wait()
+    shutil.rmtree(_KERNEL_SERVER.pop("folder"), ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    uses_nbval = session.config.pluginmanager.hasplugin("nbval") and not (
+        session.config.getoption("nbval_kernel_name", None) or session.config.getoption("current_env", False))
+    if (uses_nbval and os.environ.get("SCALEKIT_TEST_PLAIN_KERNELS") != "1"
+            and any(item.path.suffix == ".ipynb" for item in session.items)):
+        _start_kernel_server()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_kernel_server()
+
+
 def pytest_collection_modifyitems(config, items):
     # Tests that fork ranks go first: scalekit.launch rightly refuses to fork once this process has imported
     # bitsandbytes or initialised CUDA, which later tests (8-bit optimizers, GPU runs) do.
@@ -81,7 +143,39 @@ _CPU_LOG = os.environ.get("SCALEKIT_TEST_CPU_LOG")
 
 def _cpu_s() -> tuple[float, float]:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime + _kernel_server_cpu_s()
+
+
+def _kernel_server_cpu_s(own: bool = False) -> float:
+    """The CPU of the kernels the kernel server has reaped (the server itself is reaped only at the end), or with
+    `own`, the server's own (its imports, once)."""
+    process = _KERNEL_SERVER.get("process")
+    if process is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    return (utime + stime if own else cutime + cstime) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_a_stopped_kernel(item) -> None:
+    """nbval kills a notebook's kernel at its last cell; the server reaps that kernel a moment later.  Wait for
+    it (2 s at most), so that the kernel's CPU lands on its own notebook and not on the next test."""
+    process, kernel = _KERNEL_SERVER.get("process"), getattr(getattr(item, "parent", None), "kernel", None)
+    if process is None or kernel is None or kernel.is_alive():
+        return
+    import psutil
+
+    deadline = time.monotonic() + 2
+    while psutil.Process(process.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _log_cpu(line: dict) -> None:
+    with open(_CPU_LOG, "a") as f:  # one short line per write: the workers' lines do not interleave
+        f.write(json.dumps(line) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -91,8 +185,7 @@ def pytest_runtest_protocol(item, nextitem):
         return
     (own0, children0), wall0 = _cpu_s(), time.perf_counter()
     yield
+    _wait_for_a_stopped_kernel(item)
     (own1, children1), wall1 = _cpu_s(), time.perf_counter()
-    line = {"id": item.nodeid, "wall_s": wall1 - wall0, "own_cpu_s": own1 - own0, "children_cpu_s": children1 - children0,
-            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
-    with open(_CPU_LOG, "a") as f:  # one short line per write: the workers' lines do not interleave
-        f.write(json.dumps(line) + "\n")
+    _log_cpu({"id": item.nodeid, "wall_s": wall1 - wall0, "own_cpu_s": own1 - own0,
+              "children_cpu_s": children1 - children0, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
