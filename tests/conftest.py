@@ -1,4 +1,5 @@
 import atexit
+import contextlib
 import json
 import os
 import resource
@@ -62,19 +63,25 @@ def _start_kernel_server() -> None:
     folder = tempfile.mkdtemp(prefix="sk-kernels-")
     socket_path = os.path.join(folder, "server.sock")
     script = str(Path(__file__).with_name("preloaded_kernel.py"))
-    log = open(os.path.join(folder, "server.log"), "wb")
-    process = subprocess.Popen([sys.executable, script, "serve", socket_path], stdin=subprocess.DEVNULL,
-                               stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    _KERNEL_SERVER.update(process=process, folder=folder)
+    with open(os.path.join(folder, "server.log"), "wb") as log:  # the server detaches: this returns at once
+        subprocess.run([sys.executable, script, "serve", socket_path, str(os.getpid())], stdin=subprocess.DEVNULL,
+                       stdout=log, stderr=subprocess.STDOUT, check=True)
+    pid_file = Path(socket_path + ".pid")
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not pid_file.exists():
+        return  # plain kernels, as without the server
+    pid = int(pid_file.read_text())
+    _KERNEL_SERVER.update(pid=pid, folder=folder)
     plain = nbval.kernel.NbvalKernelspecManager.get_kernel_spec
 
     def get_kernel_spec(self, kernel_name):
         spec = plain(self, kernel_name)
-        if kernel_name != "python3" or process.poll() is not None:
+        if kernel_name != "python3":
             return spec
         spec.argv = [sys.executable, script, "launch", socket_path, "-f", "{connection_file}"]
-        spec.env = {**spec.env, "SCALEKIT_TEST_KERNEL_SERVER_PID": str(process.pid)}
+        spec.env = {**spec.env, "SCALEKIT_TEST_KERNEL_SERVER_PID": str(pid)}
         spec.interrupt_mode = "signal"
         return spec
 
@@ -82,19 +89,25 @@ def _start_kernel_server() -> None:
 
 
 def _stop_kernel_server() -> None:
-    process = _KERNEL_SERVER.get("process")
-    if process is None:
+    pid = _KERNEL_SERVER.get("pid")
+    if pid is None:
         return
     if _CPU_LOG:  # the server's imports, on no test's account
         _log_cpu({"id": "tests/preloaded_kernel.py::server", "wall_s": 0.0, "own_cpu_s": 0.0,
                   "children_cpu_s": _kernel_server_cpu_s(own=True), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
-    del _KERNEL_SERVER["process"]
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except Exception:
-        process.kill()
-        process.wait()
+    del _KERNEL_SERVER["pid"]
+    import signal
+
+    from tests.preloaded_kernel import alive
+
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not alive(pid):
+            break
     shutil.rmtree(_KERNEL_SERVER.pop("folder"), ignore_errors=True)
 
 
@@ -149,11 +162,11 @@ def _cpu_s() -> tuple[float, float]:
 def _kernel_server_cpu_s(own: bool = False) -> float:
     """The CPU of the kernels the kernel server has reaped (the server itself is reaped only at the end), or with
     `own`, the server's own (its imports, once)."""
-    process = _KERNEL_SERVER.get("process")
-    if process is None:
+    pid = _KERNEL_SERVER.get("pid")
+    if pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
@@ -163,14 +176,15 @@ def _kernel_server_cpu_s(own: bool = False) -> float:
 def _wait_for_a_stopped_kernel(item) -> None:
     """nbval kills a notebook's kernel at its last cell; the server reaps that kernel a moment later.  Wait for
     it (2 s at most), so that the kernel's CPU lands on its own notebook and not on the next test."""
-    process, kernel = _KERNEL_SERVER.get("process"), getattr(getattr(item, "parent", None), "kernel", None)
-    if process is None or kernel is None or kernel.is_alive():
+    pid, kernel = _KERNEL_SERVER.get("pid"), getattr(getattr(item, "parent", None), "kernel", None)
+    if pid is None or kernel is None or kernel.is_alive():
         return
     import psutil
 
     deadline = time.monotonic() + 2
-    while psutil.Process(process.pid).children() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        while psutil.Process(pid).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def _log_cpu(line: dict) -> None:

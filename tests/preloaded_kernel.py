@@ -9,7 +9,8 @@ imports are done.
 
 Two roles, one file (stdlib only at the top, so the launcher costs nothing):
 
-- `python preloaded_kernel.py serve SOCKET [MODULE ...]`: the server (MODULEs: another preload than PRELOAD).  It imports the preload list, refuses to serve if that
+- `python preloaded_kernel.py serve SOCKET OWNER_PID [MODULE ...]`: the server (MODULEs: another preload than
+  PRELOAD), detached, serving while OWNER_PID lives.  It imports the preload list, refuses to serve if that
   imported bitsandbytes or left more than the main thread running Python (a fork must not copy held locks; a
   kernel that forks ranks must be free to), then listens on the Unix socket.
 - `python preloaded_kernel.py launch SOCKET -f CONNECTION_FILE`: what nbval's kernel manager starts.  It hands
@@ -76,16 +77,17 @@ def _connect(socket_path: str) -> socket.socket | None:
         except (FileNotFoundError, ConnectionRefusedError):
             client.close()
             server_pid = os.environ.get("SCALEKIT_TEST_KERNEL_SERVER_PID")
-            if not server_pid or not _alive(int(server_pid)) or time.monotonic() > deadline:
+            if not server_pid or not alive(int(server_pid)) or time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
@@ -102,7 +104,16 @@ def _read_line(conn: socket.socket) -> bytes:
 # ---- the server ---------------------------------------------------------------------------------------------
 
 
-def serve(socket_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
+def serve(socket_path: str, owner_pid: int, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Detach (the process that started this one returns at once, and the server is no child of the tests': the
+    tests that check they left no process behind do not see it), write the server's pid to SOCKET.pid, import,
+    then fork a kernel for each launcher that connects, for as long as `owner_pid` lives."""
+    if os.fork():
+        os._exit(0)
+    os.setsid()  # nor does a Ctrl-C at the terminal reach it: its owner stops it
+    with open(socket_path + ".pid.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(socket_path + ".pid.tmp", socket_path + ".pid")
     sys.modules.setdefault("rfc3987_syntax", None)  # as the tests' IPython startup file does in every kernel
     env_before = dict(os.environ)
     for name in ("ipykernel.kernelapp", "torch", *preload):
@@ -114,10 +125,9 @@ def serve(socket_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     os.rename(socket_path + ".tmp", socket_path)  # launchers see the socket only once it accepts
     listener.listen(8)
     waiting: dict[int, socket.socket] = {}  # kernel pid -> its launcher's connection
-    parent = os.getppid()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     listener.settimeout(0.2)
-    while os.getppid() == parent:  # the pytest worker that started it is gone: so is the server
+    while alive(owner_pid):  # the pytest worker that started it is gone: so is the server
         _reap(waiting)
         try:
             conn, _ = listener.accept()
@@ -237,12 +247,12 @@ def _fresh_process_state(import_env: dict[str, str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "serve":
-        serve(argv[1], tuple(argv[2:]) or PRELOAD)
+    if len(argv) >= 3 and argv[0] == "serve":
+        serve(argv[1], int(argv[2]), tuple(argv[3:]) or PRELOAD)
         return 0
     if len(argv) >= 2 and argv[0] == "launch":
         return launch(argv[1], argv[2:])
-    print("usage: preloaded_kernel.py serve SOCKET [MODULE ...] | launch SOCKET -f CONNECTION_FILE", file=sys.stderr)
+    print("usage: preloaded_kernel.py serve SOCKET OWNER_PID [MODULE ...] | launch SOCKET -f CONNECTION_FILE", file=sys.stderr)
     return 2
 
 

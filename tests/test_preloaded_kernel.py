@@ -17,6 +17,8 @@ import pytest
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
+from tests.preloaded_kernel import alive
+
 SCRIPT = str(Path(__file__).with_name("preloaded_kernel.py"))
 
 
@@ -38,12 +40,17 @@ def gone(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     socket_path = tmp_path_factory.mktemp("kernels") / "server.sock"
-    process = subprocess.Popen([sys.executable, SCRIPT, "serve", str(socket_path)])  # the suite's own preload
-    wait_for(lambda: socket_path.exists() or process.poll() is not None, 120, "the server listening")
-    assert process.poll() is None, "the kernel server exited while importing"
-    yield socket_path, process
-    process.terminate()
-    process.wait(timeout=10)
+    # the suite's own preload; the server detaches and serves while this process lives
+    subprocess.run([sys.executable, SCRIPT, "serve", str(socket_path), str(os.getpid())], check=True)
+    pid_file = Path(f"{socket_path}.pid")
+    wait_for(pid_file.exists, 30, "the server's pid file")
+    pid = int(pid_file.read_text())
+    wait_for(lambda: socket_path.exists() or not alive(pid), 120, "the server listening")
+    assert alive(pid), "the kernel server exited while importing"
+    assert pid not in [p.pid for p in psutil.Process().children(recursive=True)]  # not among this process's
+    yield socket_path, pid
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not alive(pid), 10, "the server ending")
 
 
 def kernel_manager(tmp_path, socket_path, server_pid: int | None) -> KernelManager:
@@ -57,11 +64,11 @@ def kernel_manager(tmp_path, socket_path, server_pid: int | None) -> KernelManag
 
 @pytest.fixture
 def started(tmp_path, server):
-    socket_path, process = server
+    socket_path, server_pid = server
     managers = []
 
     def start(cwd=None, env=None):
-        km = kernel_manager(tmp_path / f"k{len(managers)}", socket_path, process.pid)
+        km = kernel_manager(tmp_path / f"k{len(managers)}", socket_path, server_pid)
         km.start_kernel(cwd=str(cwd or tmp_path), env={**os.environ, **(env or {})})
         kc = km.client()
         kc.start_channels()
@@ -144,7 +151,7 @@ def test_shutdown_ends_the_kernel_and_its_launcher(started, server):
     km.shutdown_kernel()
     wait_for(lambda: gone(kernel_pid), 10, "the kernel ending")
     assert launcher.poll() == 0
-    assert psutil.Process(server[1].pid).children() == []  # reaped by the server
+    assert psutil.Process(server[1]).children() == []  # reaped by the server
 
 
 def test_a_launcher_killed_outright_takes_the_kernel_and_its_children_with_it(started):
@@ -155,8 +162,12 @@ def test_a_launcher_killed_outright_takes_the_kernel_and_its_children_with_it(st
     wait_for(lambda: gone(kernel_pid) and gone(child_pid), 10, "the kernel and its child ending")
 
 
-def test_without_a_server_the_launcher_starts_a_plain_kernel(tmp_path):
-    km = kernel_manager(tmp_path, tmp_path / "no-server.sock", server_pid=None)
+@pytest.mark.parametrize("server_pid", [None, "ended"])
+def test_without_a_server_the_launcher_starts_a_plain_kernel(tmp_path, server_pid):
+    if server_pid == "ended":  # the suite's server exited (a preload that failed): no waiting for its socket
+        server_pid = subprocess.Popen(["true"]).pid
+        wait_for(lambda: not alive(server_pid), 10, "the process ending")
+    km = kernel_manager(tmp_path, tmp_path / "no-server.sock", server_pid=server_pid)
     km.start_kernel(cwd=str(tmp_path))
     kc = km.client()
     kc.start_channels()
@@ -171,7 +182,11 @@ def test_without_a_server_the_launcher_starts_a_plain_kernel(tmp_path):
 
 def test_the_server_refuses_a_preload_that_imports_a_module_kernels_must_import_themselves(tmp_path):
     socket_path = tmp_path / "server.sock"
-    done = subprocess.run([sys.executable, SCRIPT, "serve", str(socket_path), "json", "bitsandbytes"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "bitsandbytes" in done.stderr and "fork ranks" in done.stderr
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        subprocess.run([sys.executable, SCRIPT, "serve", str(socket_path), str(os.getpid()), "json", "bitsandbytes"],
+                       stdout=out, stderr=subprocess.STDOUT, check=True)
+    wait_for(lambda: Path(f"{socket_path}.pid").exists(), 30, "the server's pid file")
+    wait_for(lambda: not alive(int(Path(f"{socket_path}.pid").read_text())), 120, "the server refusing")
+    assert "bitsandbytes" in log.read_text() and "fork ranks" in log.read_text()
     assert not socket_path.exists()
