@@ -39,6 +39,14 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    from tests import conftest
+
+    suites = conftest._KERNEL_SERVER  # the one this pytest worker started for the notebooks, when it has one
+    if suites.get("pid") and alive(suites["pid"]):
+        socket_path = Path(suites["folder"], "server.sock")
+        wait_for(lambda: socket_path.exists() or not alive(suites["pid"]), 120, "the suite's server listening")
+        yield socket_path, suites["pid"]
+        return
     socket_path = tmp_path_factory.mktemp("kernels") / "server.sock"
     # the suite's own preload; the server detaches and serves while this process lives
     subprocess.run([sys.executable, SCRIPT, "serve", str(socket_path), str(os.getpid())], check=True)
