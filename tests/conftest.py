@@ -162,14 +162,12 @@ def _cpu_s() -> tuple[float, float]:
 def _kernel_server_cpu_s(own: bool = False) -> float:
     """The CPU of the kernels the kernel server has reaped (the server itself is reaped only at the end), or with
     `own`, the server's own (its imports, once)."""
-    pid = _KERNEL_SERVER.get("pid")
-    if pid is None:
+    from tests.preloaded_kernel import proc_stat
+
+    fields = proc_stat(_KERNEL_SERVER["pid"]) if "pid" in _KERNEL_SERVER else None
+    if fields is None:
         return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])  # proc(5) fields 14-17
     return (utime + stime if own else cutime + cstime) / os.sysconf("SC_CLK_TCK")
 
 

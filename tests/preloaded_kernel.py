@@ -84,11 +84,17 @@ def _connect(socket_path: str) -> socket.socket | None:
 
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the state on (field 3 of proc(5) is [0]), or None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        return None
 
 
 def _read_line(conn: socket.socket) -> bytes:
