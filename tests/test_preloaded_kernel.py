@@ -30,13 +30,6 @@ def wait_for(condition, timeout_s: float, what: str):
         time.sleep(0.05)
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from tests import conftest
@@ -157,7 +150,7 @@ def test_shutdown_ends_the_kernel_and_its_launcher(started, server):
     launcher = km.provisioner.process
     km.shutdown_wait_time = 30  # a kernel that has imported torch and transformers takes ~2 s to tear them down
     km.shutdown_kernel()
-    wait_for(lambda: gone(kernel_pid), 10, "the kernel ending")
+    wait_for(lambda: not alive(kernel_pid), 10, "the kernel ending")
     assert launcher.poll() == 0
     assert psutil.Process(server[1]).children() == []  # reaped by the server
 
@@ -167,7 +160,7 @@ def test_a_launcher_killed_outright_takes_the_kernel_and_its_children_with_it(st
     _, out = run(kc, "import os, subprocess\nchild = subprocess.Popen(['sleep', '60'])\nprint(os.getpid(), child.pid)")
     kernel_pid, child_pid = map(int, out.split())
     os.kill(km.provisioner.process.pid, signal.SIGKILL)
-    wait_for(lambda: gone(kernel_pid) and gone(child_pid), 10, "the kernel and its child ending")
+    wait_for(lambda: not alive(kernel_pid) and not alive(child_pid), 10, "the kernel and its child ending")
 
 
 @pytest.mark.parametrize("server_pid", [None, "ended"])
