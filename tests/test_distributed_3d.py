@@ -55,9 +55,15 @@ def test_pipeline_stages_split_by_tensor_parallel_train_like_one_process(one_pro
         for out in outs:
             losses, params, state, grads = out[model]
             assert losses == pytest.approx(ref_losses, rel=1e-5), model
-            for step in range(len(ref_grads)):  # every step's gradients, where this rank holds the weight, to 1e-5
-                for name in grads[step]:  # of each tensor's scale (measured: under 6e-6 at every step)
-                    assert close(grads[step][name], tied(ref_grads[step], name)) < 1e-5, (model, step, name)
+            # every step's gradients, where this rank holds the weight: the first to 1e-5 of each tensor's scale
+            # (rounding alone, measured under 8e-7), the later ones to 1e-4, as in the 2-rank tests.  Adam's first
+            # step moves every weight by about lr whatever its gradient's size, so where a gradient is at rounding
+            # level its sign decides the step: measured 2.8e-5 at step 1 on one CPU (6e-6 on another), and in one
+            # process a 5e-7 relative nudge to the first step's gradients moves the second's by 1.2e-4
+            for step in range(len(ref_grads)):
+                for name in grads[step]:
+                    tol = 1e-5 if step == 0 else 1e-4
+                    assert close(grads[step][name], tied(ref_grads[step], name)) < tol, (model, step, name)
             for name in params:
                 torch.testing.assert_close(params[name], tied(ref_params, name), atol=5e-5, rtol=1e-4,
                                            msg=lambda m, name=name, model=model: f"{model} {name}: {m}")
