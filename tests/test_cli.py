@@ -24,6 +24,32 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     assert len([s for s in data["steps"] if not s["warmup"]]) == 4
 
 
+
+def test_the_program_exits_with_mains_code_and_still_runs_what_an_exit_must(tmp_path):
+    """program() freezes the collector before the interpreter's last passes; the exit's duties stay: atexit
+    handlers and weakref finalizers run, files written are whole, the exit code is main's."""
+    script = f"""
+import atexit, gc, sys, tempfile, weakref
+from pathlib import Path
+from scalekit.cli import program
+
+folder = tempfile.TemporaryDirectory(dir={str(tmp_path)!r})  # removed by its weakref finalizer at exit
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
+sys.argv = ["scalekit", *sys.argv[1:]]
+sys.exit(program())
+"""
+    out = tmp_path / "bench.json"
+    ok = subprocess.run([sys.executable, "-c", script, "bench", "--preset", "tiny", "--device", "cpu", "--steps", "2",
+                         "--warmup-steps", "0", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "frozen at exit: True" in ok.stdout
+    assert json.loads(out.read_text())["status"] == "ok"  # the file is whole
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # the temporary folder went at exit
+    refused = subprocess.run([sys.executable, "-c", script, "bench", "--preset", "huge"], capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode == 2 and "unknown preset 'huge'" in refused.stderr
+
+
 @pytest.mark.parametrize("argv,words", [
     (["bench", "--batch-size", "-1"], "RunConfig.batch_size must be a positive integer"),
     (["bench", "--toggle", "nope"], "unknown toggle 'nope'; allowed:"),
