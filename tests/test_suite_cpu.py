@@ -43,3 +43,18 @@ def test_the_recorder_logs_a_line_per_test_with_its_childrens_cpu(tmp_path, monk
     child, nothing = rows["tests/t.py::test_child"], rows["tests/t.py::test_nothing"]
     assert child["children_cpu_s"] > 0.05 and nothing["children_cpu_s"] == 0  # the reaped child's CPU, where it ran
     assert child["wall_s"] >= child["children_cpu_s"] * 0.9 and all(r["own_cpu_s"] >= 0 for r in rows.values())
+
+
+def test_the_summary_read_only_in_part_ends_quietly(tmp_path):
+    """`python tools/suite_cpu.py LOG | head -3`: the closed pipe ends the tool without a traceback."""
+    log = tmp_path / "cpu.jsonl"
+    log.write_text("".join(json.dumps({"id": f"tests/t{i}.py::test_{i}", "wall_s": 1.0, "own_cpu_s": 1.0,
+                                       "children_cpu_s": 0.0, "worker": "gw0"}) + "\n" for i in range(20_000)))
+    tool = str(load_tool("suite_cpu").__file__)
+    proc = subprocess.Popen([sys.executable, tool, str(log), "--top", "20000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as head does after its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and first.startswith(b"20000 tests"), err
+    assert "Traceback" not in err and err == ""

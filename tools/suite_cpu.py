@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"log: no such file {str(args.log)!r} (run the suite with SCALEKIT_TEST_CPU_LOG={args.log})")
     if args.top < 1:
         parser.error(f"--top: {args.top} is not a count of rows (allowed: 1 or more)")
-    print(report(read(args.log), args.top))
+    try:
+        print(report(read(args.log), args.top), flush=True)
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush then has a sink
     return 0
 
 
