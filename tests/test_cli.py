@@ -62,6 +62,40 @@ def test_bad_input_exits_2_with_a_message_not_a_traceback(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+def test_the_parser_is_built_once_per_set_of_toggles_and_keeps_nothing_between_parses():
+    from scalekit.cli_parser import parser
+    from scalekit.toggles import Toggle, register, unregister
+
+    first = parser()
+    assert parser() is first  # built once
+    with_two = first.parse_args(["bench", "--toggle", "bf16", "--toggle", "sdpa"])
+    assert with_two.toggle == [("bf16", True), ("sdpa", True)]
+    assert first.parse_args(["bench"]).toggle == []  # the appended flags of the last parse are not left behind
+    assert first.parse_args(["bench", "--steps", "7"]).steps == 7 and first.parse_args(["bench"]).steps == 20
+
+    class Probe(Toggle):
+        name, summary, cost, helps_when, group, phase = "parser_probe", "a probe", "none", "never", "probe", "step"
+        loops = ("train",)
+
+        def apply(self, ctx, value):
+            pass
+
+    register(Probe())
+    try:
+        rebuilt = parser()
+        assert rebuilt is not first and "parser_probe" in rebuilt.format_help() + _toggles_help(rebuilt)
+    finally:
+        unregister("parser_probe")
+    assert parser() is first and "parser_probe" not in _toggles_help(parser())
+
+
+def _toggles_help(p) -> str:
+    import argparse
+
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["toggles"].format_help()
+
+
 @pytest.mark.slow
 def test_ladder_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "ladder.json"
