@@ -195,11 +195,11 @@ def pytest_runtest_protocol(item, nextitem):
     if not _CPU_LOG:
         yield
         return
-    (own0, children0), wall0 = _cpu_s(), time.perf_counter()
+    (own0, children0), wall0, start = _cpu_s(), time.perf_counter(), time.time()
     yield
     _wait_for_a_stopped_kernel(item)
     (own1, children1), wall1 = _cpu_s(), time.perf_counter()
-    _log_cpu({"id": item.nodeid, "wall_s": wall1 - wall0, "own_cpu_s": own1 - own0,
+    _log_cpu({"id": item.nodeid, "start": round(start, 3), "wall_s": wall1 - wall0, "own_cpu_s": own1 - own0,
               "children_cpu_s": children1 - children0, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
 
 
