@@ -32,7 +32,7 @@ import time
 
 # What the chapters and their solutions import before their first section (their first cells), in import order
 PRELOAD = ("torch", "scalekit", "scalekit.course", "plotly.io", "plotly.graph_objects", "pandas", "ipywidgets",
-           "ipykernel.kernelapp", "transformers", "transformers.modeling_utils")
+           "ipykernel.kernelapp", "transformers", "transformers.modeling_utils", "torch._inductor.compile_fx")
 # Modules a kernel must import itself: scalekit.launch refuses to fork ranks from a process that has them
 NEVER_PRELOADED = ("bitsandbytes",)
 CONNECT_WAIT_S = 120  # the server imports for ~10 s; on a loaded machine, longer
@@ -124,6 +124,8 @@ def serve(socket_path: str, owner_pid: int, preload: tuple[str, ...] = PRELOAD) 
     env_before = dict(os.environ)
     for name in ("ipykernel.kernelapp", "torch", *preload):
         __import__(name)
+    if "torch._inductor.compile_fx" in sys.modules:
+        _hash_torchs_sources()
     import_env = {name: value for name, value in os.environ.items() if env_before.get(name) != value}
     _refuse_unsafe_fork()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -151,6 +153,15 @@ def serve(socket_path: str, owner_pid: int, preload: tuple[str, ...] = PRELOAD) 
             os.close(fd)
         waiting[pid] = conn
         conn.sendall(f"{pid}\n".encode())
+
+
+def _hash_torchs_sources() -> None:
+    """What a process's first torch.compile does before anything else: hash torch's own ~2,000 source files into
+    the key of every cache entry it reads or writes (2 s of CPU).  The value depends on the installed torch alone,
+    so a kernel forked from here holds the one it would have computed."""
+    from torch._inductor.codecache import torch_key
+
+    torch_key()
 
 
 def _refuse_unsafe_fork() -> None:
