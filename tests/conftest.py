@@ -150,7 +150,8 @@ def _scalekit_cache(tmp_path_factory):
 
 # Where the suite's time goes: with SCALEKIT_TEST_CPU_LOG=FILE, every test appends one JSON line to FILE, its wall
 # seconds and the CPU seconds of its process and of the children it reaped (notebook kernels, CLI and benchmark
-# subprocesses, forked ranks, inductor's compiler runs).  `python tools/suite_cpu.py FILE` sums them per file.
+# subprocesses, forked ranks, inductor's compiler runs), with its start time; under xdist, FILE.busy gets the
+# machine's busy share once a second.  `python tools/suite_cpu.py FILE` sums them per file.
 _CPU_LOG = os.environ.get("SCALEKIT_TEST_CPU_LOG")
 
 
@@ -183,6 +184,34 @@ def _wait_for_a_stopped_kernel(item) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         while psutil.Process(pid).children() and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def busy_samples(path: str, stop, interval_s: float = 1.0) -> None:
+    """Append to `path`, every `interval_s` until `stop` is set, the wall time, the share of the machine's cores
+    that were busy since the last sample (from /proc/stat) and the cores: `tools/suite_cpu.py` sets them beside
+    the tests' start times, to say how busy the machine was while they ran and which tests it idled under."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
+
+    total0, idle0 = read()
+    while not stop.wait(interval_s):
+        total1, idle1 = read()
+        with open(path, "a") as f:
+            f.write(f"{time.time():.2f} {1 - (idle1 - idle0) / max(1, total1 - total0):.3f} {os.cpu_count()}\n")
+        total0, idle0 = total1, idle1
+
+
+def pytest_configure(config):
+    # one sampler, in the process of xdist's that runs no test (a thread in a test process could be forked)
+    if _CPU_LOG and not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        import threading
+
+        stop = threading.Event()
+        config.add_cleanup(stop.set)
+        threading.Thread(target=busy_samples, args=(_CPU_LOG + ".busy", stop), name="busy-samples",
+                         daemon=True).start()
 
 
 def _log_cpu(line: dict) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 from tests.helpers import load_tool
@@ -58,3 +60,37 @@ def test_the_summary_read_only_in_part_ends_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and first.startswith(b"20000 tests"), err
     assert "Traceback" not in err and err == ""
+
+
+def test_the_busy_samples_say_the_machines_busy_share_and_its_cores(tmp_path):
+    import threading
+
+    from tests.conftest import busy_samples
+
+    path, stop = tmp_path / "cpu.jsonl.busy", threading.Event()
+    sampler = threading.Thread(target=busy_samples, args=(str(path), stop, 0.05))
+    sampler.start()
+    deadline = time.monotonic() + 30
+    while (not path.exists() or len(path.read_text().splitlines()) < 3) and time.monotonic() < deadline:
+        sum(range(200_000))  # keep a core busy meanwhile
+    stop.set()
+    sampler.join(timeout=10)
+    assert not sampler.is_alive()
+    tool = load_tool("suite_cpu")
+    samples, cores = tool.read_busy(path)
+    assert len(samples) >= 3 and cores == os.cpu_count()
+    assert all(0 <= busy <= 1 for _, busy in samples) and [t for t, _ in samples] == sorted(t for t, _ in samples)
+
+
+def test_idle_seconds_are_shared_among_the_tests_running_then():
+    rows = [{"id": "tests/a.py::x", "start": 100.0, "wall_s": 4.0, "own_cpu_s": 1, "children_cpu_s": 0, "worker": "gw0"},
+            {"id": "tests/b.py::y", "start": 100.0, "wall_s": 2.0, "own_cpu_s": 1, "children_cpu_s": 0, "worker": "gw1"},
+            {"id": "tests/b.py::z", "start": 102.0, "wall_s": 2.0, "own_cpu_s": 1, "children_cpu_s": 0, "worker": "gw1"}]
+    # each sample covers the second before it: at 101 x and y ran, at 103.5 x and z; each time one of the 2 cores
+    # idled, shared between the two files.  The sample at 106 is after the last test and not counted.
+    samples = [(101.0, 0.5), (102.0, 1.0), (103.5, 0.5), (104.0, 1.0), (106.0, 0.0)]
+    text = load_tool("suite_cpu").busy_report(rows, samples, cores=2, top=5)
+    assert text.startswith("machine busy 75.0% of the 4 s tests ran (4 samples, 2 cores): 2 idle core-s")
+    assert "     1.0  tests/a.py" in text and "     1.0  tests/b.py" in text
+    assert "no busy samples" in load_tool("suite_cpu").busy_report([{k: v for k, v in r.items() if k != "start"}
+                                                                    for r in rows], samples, cores=2, top=5)
