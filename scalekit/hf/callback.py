@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,26 @@ from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
 from ..training import mfu_dtype_of
 from .arguments import run_config_fields, training_defaults
+
+
+class QuietFlopCounter(FlopCounterMode):
+    """FlopCounterMode without torch's warning that a compiled module's global hooks fire twice.  The mode's module
+    tracker hooks every module for its step, and the Trainer calls the compiled wrapper (torch_compile=True): the
+    extra firing moves only the per-module attribution, while the total the callback reads is counted from the
+    ops dispatched (the same as the eager model's: test_hf_callback.py)."""
+
+    def __enter__(self):
+        self._quiet = warnings.catch_warnings()
+        self._quiet.__enter__()
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._quiet.__exit__(*exc)
 
 
 class ScalekitCallback(TrainerCallback):
@@ -138,7 +159,7 @@ class ScalekitCallback(TrainerCallback):
     def _start_probe(self, step: int) -> None:
         """FLOPs on the first warm-up step; live tensor bytes on the second (CPU): never on a measured step."""
         if step == 0 and self.counted_flops is None and self.warmup_steps >= 1:
-            self.probe = FlopCounterMode(display=False)
+            self.probe = QuietFlopCounter(display=False)
         elif step == 1 and self.device.type == "cpu" and self.measure_memory and self.warmup_steps >= 2:
             baseline = [*self.model.parameters(), *self.model.buffers(),
                         *memory.optimizer_state_tensors(self.optimizer)]
