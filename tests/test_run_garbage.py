@@ -107,12 +107,29 @@ def test_garbage_from_before_the_run_is_still_collected_after_it(no_automatic_co
     assert ref() is None
 
 
-def test_objects_someone_else_froze_stay_frozen():
+def test_objects_someone_else_froze_stay_frozen(no_automatic_collection):
+    """Checked on objects, not on `gc.get_freeze_count()`: frozen objects freed by their reference count (another
+    thread's temporaries) leave the permanent generation at any time, so the count may drop by itself."""
+    class Node:
+        pass
+
+    theirs = Node()
+    theirs.me = theirs  # a cycle someone froze before the block
+    their_ref = weakref.ref(theirs)
+    del theirs
     gc.freeze()
     try:
-        before = gc.get_freeze_count()
+        later = Node()
+        later.me = later  # made after their freeze: the block must not freeze it (nor keep it frozen)
+        later_ref = weakref.ref(later)
+        del later
         with only_new_objects_collected():
             pass
-        assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() > 0, "the block unfroze what someone else froze"
+        gc.collect()
+        assert their_ref() is not None, "the block handed someone else's frozen objects back to the collector"
+        assert later_ref() is None, "the block froze objects of its own although someone else had frozen first"
     finally:
         gc.unfreeze()
+    gc.collect()
+    assert their_ref() is None
