@@ -61,7 +61,11 @@ class QuietFlopCounter(FlopCounterMode):
         self._quiet.__enter__()
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
                                 category=UserWarning)
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._quiet.__exit__(None, None, None)  # no filter left behind when the mode cannot start
+            raise
 
     def __exit__(self, *exc):
         try:
