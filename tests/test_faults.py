@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import stat
-import subprocess
-import sys
 import threading
 import time
 
@@ -318,12 +317,30 @@ def test_a_token_cache_record_of_the_wrong_shape_is_rebuilt_like_a_garbled_one(f
     assert note.count("\n") == 1 and "rebuilt the token cache" in note and str(fresh_cache) in note
 
 
+def _build_and_sum(start, sums) -> None:
+    start.wait(60)
+    sums.put(int(shakespeare.load_tokens("train").sum()))
+
+
 def test_concurrent_builders_produce_one_correct_cache(fresh_cache):
-    code = "from scalekit.data import load_tokens; print(int(load_tokens('train').sum()))"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, SCALEKIT_CACHE=str(fresh_cache))) for _ in range(4)]
-    sums = {p.communicate(timeout=120)[0].strip() for p in procs}
-    assert all(p.returncode == 0 for p in procs) and len(sums) == 1
+    # four processes find the same empty cache and build it at the same moment.  Forked: each starts as a new
+    # process would (no cache folder checked yet, the fixture cleared that), all four released together by the
+    # barrier instead of seconds apart by their imports
+    fork = multiprocessing.get_context("fork")
+    start, sums = fork.Barrier(4), fork.SimpleQueue()
+    procs = [fork.Process(target=_build_and_sum, args=(start, sums)) for _ in range(4)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 4
+        assert len({sums.get() for _ in procs}) == 1
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     assert shakespeare._problem(shakespeare._read_meta()) is None
     assert not list(fresh_cache.glob("*.tmp"))
 
