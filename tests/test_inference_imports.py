@@ -1,5 +1,6 @@
-"""scalekit, its generation engine and its CLI import and run without the optional inference libraries
-(the GPU reference machine has no torchao, hqq or bitsandbytes); a method that needs one says so."""
+"""What importing scalekit loads: none of the optional libraries (the GPU reference machine has no torchao, hqq or
+bitsandbytes), none of the Lab's widget libraries and none of torch's heavy corners, each left to the run, Lab or
+method that uses it; and generation runs without the optional libraries, a method that needs one saying so."""
 
 from __future__ import annotations
 
@@ -7,12 +8,28 @@ import subprocess
 import sys
 
 OPTIONAL = ("torchao", "hqq", "bitsandbytes", "transformers", "peft")
+WIDGETS = ("ipywidgets", "plotly", "anywidget")  # the Lab's: loaded when a Lab is made
+# torch's heavy corners (each about a second to import, sympy and dynamo with them): imported where a run uses them
+HEAVY_TORCH = ("torch._dynamo", "torch._inductor", "torch.distributed.pipelining", "torch.distributed.fsdp",
+               "torch.distributed.tensor.parallel", "sympy")
 
 
-def test_import_scalekit_imports_no_quantization_or_hf_library():
-    code = ("import sys, scalekit, scalekit.cli, scalekit.inference.engine; "
-            f"bad = [m for m in {OPTIONAL!r} if m in sys.modules]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+def test_import_scalekit_loads_no_optional_library_widget_library_or_heavy_torch_corner():
+    # one fresh interpreter for every rule: importing the most (the package, its Transformers bridge, engines and
+    # CLI) loads none of them, so no smaller import does
+    code = f"""
+import sys, torch
+before = set(sys.modules)
+import scalekit, scalekit.hf, scalekit.engine, scalekit.cli, scalekit.inference.engine
+present = lambda names: [m for m in names if m in sys.modules]
+assert not present({OPTIONAL!r}), ("optional libraries", present({OPTIONAL!r}))
+assert not present({WIDGETS!r}), ("widget libraries", present({WIDGETS!r}))
+by_scalekit = [m for m in present({HEAVY_TORCH!r}) if m not in before]  # (not those torch's import loads itself)
+assert not by_scalekit, ("torch's heavy corners", by_scalekit)
+print("none loaded")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "none loaded", proc.stderr[-2000:]
 
 
 def test_generation_runs_with_the_optional_libraries_missing():
@@ -41,14 +58,3 @@ else:
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-# torch's heavy corners (each about a second to import, sympy and dynamo with them): imported where a run uses them
-HEAVY_TORCH = ("torch._dynamo", "torch._inductor", "torch.distributed.pipelining", "torch.distributed.fsdp",
-               "torch.distributed.tensor.parallel", "sympy")
-
-
-def test_import_scalekit_leaves_torchs_heavy_corners_to_the_runs_that_use_them():
-    code = ("import sys, torch; before = set(sys.modules); import scalekit, scalekit.cli; "
-            f"bad = [m for m in {HEAVY_TORCH!r} if m in sys.modules and m not in before]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
