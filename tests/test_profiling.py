@@ -22,10 +22,12 @@ def test_trace_is_a_chrome_trace_with_one_range_per_step(tiny_profile):
 
 def test_self_times_account_for_the_whole_step(tiny_profile):
     # every op's self time is counted once, so on the CPU the categories add up to the host's step ranges,
-    # which fit inside the wall-clock time of the profiled loop
+    # which fit inside the wall-clock time of the profiled loop.  The ranges are read from the profiler's clock
+    # (CPU cycle counts converted to time at a rate it estimated) and the loop from time.perf_counter: the two
+    # clocks agree to a few tenths of a percent, not exactly (a busy CI machine once put the ranges 0.7% over)
     total = tiny_profile.by_category()["self_ms"].sum()
     assert total == pytest.approx(tiny_profile.host_step_ms, rel=0.01)
-    assert tiny_profile.host_step_ms <= tiny_profile.step_ms
+    assert tiny_profile.host_step_ms <= tiny_profile.step_ms * 1.02
     assert tiny_profile.ops["share"].sum() == pytest.approx(1.0)
 
 
