@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from . import cxx
 from .hardware import Hardware, detect
 from .toggles import ORDER
 
@@ -61,6 +62,7 @@ def facts(hw: Hardware | None = None, run_checks: bool = True) -> list[tuple[str
     if run_checks:
         ok, why = compile_works()
         rows.append(("torch.compile", ("works: " if ok else "does not work: ") + why))
+        rows.append(("C++ compiler (CPU kernels)", cxx.describe()))
         ok, why = bitsandbytes_works()
         rows.append(("bitsandbytes", ("works: " if ok else "does not work: ") + why))
     for toggle in ORDER:

@@ -155,11 +155,3 @@ def cuda_gpu_present() -> bool:
 def cuda_initialized() -> bool:
     """Whether this process has already created a CUDA context (which makes fork unsafe)."""
     return torch.cuda.is_initialized()
-
-
-def c_compiler() -> str | None:
-    """The C/C++ compiler torch.compile's CPU backend would use, if any."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None

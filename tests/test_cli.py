@@ -117,6 +117,6 @@ def test_ladder_end_to_end_in_a_fresh_process(tmp_path):
 def test_doctor_reports_the_facts(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for word in ("device", "bf16", "tf32", "peak bf16 (for MFU)", "torch.compile", "bitsandbytes",
+    for word in ("device", "bf16", "tf32", "peak bf16 (for MFU)", "torch.compile", "C++ compiler", "bitsandbytes",
                  "toggle tf32", "unavailable:"):
         assert word in out

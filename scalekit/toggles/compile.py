@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_bool
+from ..cxx import unavailable_reason
 from ..errors import ConfigError, ToggleUnavailable
-from ..hardware import c_compiler
 from .base import BuildContext, Spelling, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -36,8 +36,8 @@ class Compile(Toggle):
     def available(self, hw) -> tuple[bool, str]:
         if not torch._dynamo.is_dynamo_supported():
             return False, "torch.compile does not support this Python version"
-        if hw.device_type == "cpu" and c_compiler() is None:
-            return False, "torch.compile on CPU needs a C++ compiler (g++ or clang++) on PATH"
+        if hw.device_type == "cpu" and (why := unavailable_reason()):
+            return False, why
         if hw.device_type == "cuda":
             try:
                 import triton  # noqa: F401

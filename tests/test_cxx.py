@@ -1,0 +1,62 @@
+"""The C++ compiler torch.compile's CPU backend runs: found as inductor finds it, and a GCC that inductor would not
+recognise by its name is said, with its cost and the fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+import torch._inductor.config as inductor_config
+from torch._inductor import cpp_builder
+
+from scalekit import cxx
+from scalekit.toggles import TOGGLES
+from tests.helpers import CPU
+
+GXX = shutil.which("g++")
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="on macOS inductor asks the compiler itself (Apple clang)")
+@pytest.mark.parametrize("name", ["g++", "gcc", "/usr/bin/g++-12", "x86_64-conda-linux-gnu-c++", "/opt/gcc/bin/c++",
+                                  "c++", "clang++", "/usr/bin/clang++-14", "icpx", "cc"])
+def test_gcc_by_name_is_what_torchs_inductor_decides(name):
+    # torch's private rule, which decides the precompiled header's format: if it changes, this fails
+    assert cxx.gcc_by_name(name) == cpp_builder._is_gcc(name)
+
+
+def test_the_compiler_is_inductors_setting_and_nothing_else_on_path(monkeypatch):
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "no-such-compiler++"))
+    assert cxx.compiler_names() == ("no-such-compiler++",) and cxx.c_compiler() is None
+    ok, why = TOGGLES["compile"].available(CPU)
+    assert not ok and "no-such-compiler++" in why and "not on PATH" in why and "CXX" in why
+    if GXX:
+        assert "set CXX=g++" in why
+
+
+def test_before_inductor_is_imported_the_compiler_is_read_from_cxx(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch._inductor.config")
+    monkeypatch.setenv("CXX", "no-such-compiler++")
+    assert cxx.compiler_names() == ("no-such-compiler++",) and cxx.c_compiler() is None
+    monkeypatch.delenv("CXX")
+    assert cxx.compiler_names() == ("clang++" if sys.platform == "darwin" else "g++",)
+
+
+@pytest.mark.skipif(GXX is None, reason="needs g++ on PATH")
+def test_gcc_under_its_own_name_is_described_without_a_warning(monkeypatch):
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "g++"))
+    line = cxx.describe()
+    assert line.startswith(GXX) and "precompiled header" not in line
+    assert TOGGLES["compile"].available(CPU) == (True, "")
+
+
+@pytest.mark.skipif(GXX is None, reason="needs g++ on PATH")
+def test_a_compiler_under_another_name_is_said_to_lose_its_precompiled_header(monkeypatch, tmp_path):
+    renamed = tmp_path / "mycxx"
+    os.symlink(GXX, renamed)  # what Debian's c++ is: GCC under a name without "g++" in it
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(renamed)))
+    assert cxx.c_compiler() == str(renamed) and not cpp_builder._is_gcc(str(renamed))
+    line = cxx.describe()
+    assert "precompiled header" in line and "set CXX=g++" in line and "mycxx" in line
+    assert TOGGLES["compile"].available(CPU) == (True, "")  # it still compiles: slower, not broken
