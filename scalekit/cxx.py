@@ -61,9 +61,11 @@ def unavailable_reason() -> str:
     """Why torch.compile cannot compile for the CPU here ('' when a compiler is there), with the fix."""
     if c_compiler():
         return ""
-    names = " or ".join(compiler_names()) or "no compiler (inductor's cpp.cxx is empty)"
+    names = " or ".join(repr(n) for n in compiler_names())
     others = [n for n in ("g++", "clang++", "c++") if n not in compiler_names() and shutil.which(n)]
     fix = f"; {others[0]} is: set CXX={others[0]}" if others else "; install g++"
+    if not names:
+        return f"torch.compile on CPU runs the compiler CXX names, and CXX is empty{fix}"
     return f"torch.compile on CPU runs {names} (set by CXX, g++ by default), which is not on PATH{fix}"
 
 
