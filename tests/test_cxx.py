@@ -60,3 +60,10 @@ def test_a_compiler_under_another_name_is_said_to_lose_its_precompiled_header(mo
     line = cxx.describe()
     assert "precompiled header" in line and "set CXX=g++" in line and "mycxx" in line
     assert TOGGLES["compile"].available(CPU) == (True, "")  # it still compiles: slower, not broken
+
+
+def test_an_empty_cxx_is_said_as_such(monkeypatch):
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, ""))  # what CXX= (set, empty) gives inductor
+    assert cxx.compiler_names() == () and cxx.c_compiler() is None
+    ok, why = TOGGLES["compile"].available(CPU)
+    assert not ok and "CXX is empty" in why
