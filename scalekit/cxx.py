@@ -29,12 +29,18 @@ def compiler_names() -> tuple[str, ...]:
     return (os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++"),)
 
 
-def c_compiler() -> str | None:
-    """Path of the compiler torch.compile's CPU backend will run, or None when none of its names is on PATH."""
+def found() -> tuple[str, str] | None:
+    """(name, path) of the compiler torch.compile's CPU backend will run: the first of its names on PATH."""
     for name in compiler_names():
         if path := shutil.which(name):
-            return path
+            return name, path
     return None
+
+
+def c_compiler() -> str | None:
+    """Path of the compiler torch.compile's CPU backend will run, or None when none of its names is on PATH."""
+    compiler = found()
+    return compiler[1] if compiler else None
 
 
 def gcc_by_name(name: str) -> bool:
@@ -59,10 +65,11 @@ def is_gcc(version: str) -> bool:
 
 def unavailable_reason() -> str:
     """Why torch.compile cannot compile for the CPU here ('' when a compiler is there), with the fix."""
-    if c_compiler():
+    if found():
         return ""
-    names = " or ".join(repr(n) for n in compiler_names())
-    others = [n for n in ("g++", "clang++", "c++") if n not in compiler_names() and shutil.which(n)]
+    tried = compiler_names()
+    names = " or ".join(repr(n) for n in tried)
+    others = [n for n in ("g++", "clang++", "c++") if n not in tried and shutil.which(n)]
     fix = f"; {others[0]} is: set CXX={others[0]}" if others else "; install g++"
     if not names:
         return f"torch.compile on CPU runs the compiler CXX names, and CXX is empty{fix}"
@@ -71,10 +78,9 @@ def unavailable_reason() -> str:
 
 def describe() -> str:
     """One line for `scalekit doctor`: which compiler, and whether its precompiled header is used."""
-    path = c_compiler()
-    if path is None:
+    if not (compiler := found()):
         return f"none: {unavailable_reason()}"
-    name = next(n for n in compiler_names() if shutil.which(n))
+    name, path = compiler
     version = version_text(path)
     line = f"{path} ({version.splitlines()[0] if version else 'no answer to --version'})"
     if not gcc_by_name(name) and is_gcc(version):
