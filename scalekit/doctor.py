@@ -10,6 +10,7 @@ import torch
 
 from . import cxx
 from .hardware import Hardware, detect
+from .optional import quiet_import
 from .toggles import ORDER
 
 
@@ -31,7 +32,7 @@ def bitsandbytes_works() -> tuple[bool, str]:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import bitsandbytes as bnb
+            bnb = quiet_import("bitsandbytes")
 
             p = torch.nn.Parameter(torch.randn(4096, device="cuda" if torch.cuda.is_available() else "cpu"))
             opt = bnb.optim.AdamW8bit([p], min_8bit_size=1)

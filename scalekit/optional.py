@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import logging
 import os
@@ -30,6 +31,26 @@ def silence_known_warnings(library: str) -> None:
             warnings.filterwarnings("ignore", message=pattern, category=category)
 
 
+@contextlib.contextmanager
+def hub_offline():
+    """Hugging Face Hub calls made inside this block stay offline (huggingface_hub's own offline switch, set and put
+    back).  bitsandbytes, when the `kernels` package is installed (transformers requires it), asks the Hub at import
+    for an optional CPU kernel: publisher checks and a download, at the import of anything that pulls it in
+    (peft, transformers' Trainer).  scalekit never reaches the network, so its imports run inside this block:
+    the kernel is used where it is already in the local cache, bitsandbytes' own CPU code otherwise."""
+    if importlib.util.find_spec("huggingface_hub") is None:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 def quiet_import(module: str, device_type: str | None = None):
     """`importlib.import_module(module)` with its import-time messages kept out of the user's output.
     device_type 'cpu' (None: 'cpu' when torch sees no CUDA GPU) also skips loading torchao's GPU extensions,
@@ -45,7 +66,7 @@ def quiet_import(module: str, device_type: str | None = None):
     pytree_log.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings():
+                warnings.catch_warnings(), hub_offline():
             warnings.simplefilter("ignore")
             return importlib.import_module(module)
     finally:

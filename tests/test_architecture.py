@@ -157,6 +157,38 @@ def test_the_import_rules_catch_what_they_forbid():
         ["scalekit.toggles.quantize imports scalekit.inference.engine"]
 
 
+# Libraries whose import can pull in bitsandbytes, which (with the `kernels` package installed) asks the Hub for a
+# CPU kernel as it imports: scalekit imports them only through optional.quiet_import, which keeps the Hub offline.
+THROUGH_QUIET_IMPORT = ("transformers", "peft", "bitsandbytes", "hqq", "torchao")
+
+
+def direct_library_imports(source: str) -> list[str]:
+    """`import X` / `from X import ...` of a THROUGH_QUIET_IMPORT library in `source` (TYPE_CHECKING excluded)."""
+    tree = ast.parse(source)
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                 and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] in THROUGH_QUIET_IMPORT]
+        elif isinstance(node, ast.ImportFrom) and not node.level \
+                and (node.module or "").split(".")[0] in THROUGH_QUIET_IMPORT:
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+    return found
+
+
+def test_the_libraries_that_reach_for_the_hub_are_imported_only_through_quiet_import():
+    broken = {str(p.relative_to(PACKAGE)): found for p in sorted(PACKAGE.rglob("*.py"))
+              if (found := direct_library_imports(p.read_text(encoding="utf-8")))}
+    assert not broken, f"import these through scalekit.optional.quiet_import: {broken}"
+    assert direct_library_imports("def f():\n    from transformers import TrainerCallback\n    import peft.tuners\n") \
+        == ["line 2: from transformers import ...", "line 3: import peft.tuners"]
+    assert direct_library_imports("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import peft\n") == []
+
+
 # -- the build context and the toggles' attributes --------------------------------------------------------
 CONTEXT_FIELDS = {f.name for f in dataclasses.fields(BuildContext)}
 

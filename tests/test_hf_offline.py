@@ -62,3 +62,25 @@ def test_the_refusal_is_real():
         "print('attempts', len(attempts))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "refused scalekit test" in proc.stdout and proc.stdout.strip().endswith("attempts 1"), proc.stdout
+
+
+def test_quiet_import_keeps_the_hub_offline_while_it_imports_and_restores_the_switch(monkeypatch):
+    from huggingface_hub import constants
+
+    from scalekit import optional
+
+    seen = []
+
+    def import_module(name):
+        seen.append((name, constants.HF_HUB_OFFLINE))
+        if name == "missing_library":
+            raise ModuleNotFoundError(name)
+        return name
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(optional.importlib, "import_module", import_module)
+    assert optional.quiet_import("peft", device_type="cpu") == "peft"
+    with pytest.raises(ModuleNotFoundError):
+        optional.quiet_import("missing_library", device_type="cpu")
+    assert seen == [("peft", True), ("missing_library", True)]
+    assert constants.HF_HUB_OFFLINE is False  # put back, after a failed import too

@@ -28,6 +28,7 @@ import torch
 
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..errors import ConfigError
+from ..optional import quiet_import
 from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
 from ..toggles.base import Spelling
 
@@ -129,7 +130,7 @@ def _unmapped_notes(given: dict, all_fields: bool) -> list[str]:
 
 
 def _training_arguments_defaults() -> dict:
-    from transformers import TrainingArguments
+    TrainingArguments = quiet_import("transformers.training_args").TrainingArguments  # noqa: N806 (a class)
 
     return {f.name: f.default for f in dataclasses.fields(TrainingArguments)
             if f.init and f.default is not dataclasses.MISSING}

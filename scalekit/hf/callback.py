@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import TrainerCallback
 
 from ..errors import ConfigError
 from ..hardware import detect
@@ -46,8 +45,12 @@ from ..measure.results import RunResult, StepRecord
 from ..measure.session import pin_threads
 from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
+from ..optional import quiet_import
 from ..training import mfu_dtype_of
 from .arguments import run_config_fields, training_defaults
+
+# through scalekit's quiet import: it pulls in peft and bitsandbytes, which must not reach for the Hub
+TrainerCallback = quiet_import("transformers.trainer_callback").TrainerCallback
 
 
 class QuietFlopCounter(FlopCounterMode):

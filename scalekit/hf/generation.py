@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..optional import quiet_import
+
 
 @functools.lru_cache(maxsize=64)
 def _forward_parameters(cls: type) -> frozenset:
@@ -40,7 +42,7 @@ def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
 
 def new_cache(model, kind: str, max_len: int):
     """A fresh transformers cache: DynamicCache, or a StaticCache of `max_len` positions."""
-    import transformers
+    transformers = quiet_import("transformers")
 
     if kind == "static":
         return transformers.StaticCache(config=model.config, max_cache_len=max_len)
@@ -72,7 +74,7 @@ def _tensors_in(value) -> list[torch.Tensor]:
 
 def rollback(cache, length: int) -> None:
     """Keep the first `length` positions of a transformers cache (speculative decoding's rejected drafts)."""
-    import transformers
+    transformers = quiet_import("transformers")
 
     if isinstance(cache, transformers.StaticCache):
         raise NotImplementedError("transformers' StaticCache counts the positions written itself and cannot be cut "

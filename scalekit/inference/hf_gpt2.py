@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from ..models.gpt import GPT
+from ..optional import quiet_import
 
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # transposed in transformers' GPT-2
 
 
 def gpt2_config(model: GPT, attn_implementation: str = "sdpa"):
     """A transformers GPT2Config of the built-in GPT's shape ("sdpa" or "eager" attention in transformers)."""
-    from transformers import GPT2Config
+    GPT2Config = quiet_import("transformers").GPT2Config  # noqa: N806 (a class)
 
     c = model.config
     return GPT2Config(vocab_size=c.embedding_rows, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
@@ -43,7 +44,7 @@ def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 def to_gpt2lmhead(model: GPT, attn_implementation: str = "sdpa"):
     """A transformers GPT2LMHeadModel holding `model`'s weights, in eval mode, on `model`'s device."""
-    from transformers import GPT2LMHeadModel
+    GPT2LMHeadModel = quiet_import("transformers").GPT2LMHeadModel  # noqa: N806 (a class)
 
     device = next(model.parameters()).device
     peer = GPT2LMHeadModel(gpt2_config(model, attn_implementation))

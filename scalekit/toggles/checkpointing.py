@@ -16,6 +16,7 @@ from torch.utils.checkpoint import (
 
 from ..checks import bool_or_none, check_bool, dict_or_none, int_in
 from ..errors import ConfigError, ToggleUnavailable
+from ..optional import quiet_import
 from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle, as_count
 
@@ -84,7 +85,7 @@ def checkpointing_field() -> str:
     try:
         import dataclasses
 
-        from transformers import TrainingArguments
+        TrainingArguments = quiet_import("transformers.training_args").TrainingArguments  # noqa: N806 (a class)
     except ImportError:
         return "gradient_checkpointing"
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
