@@ -42,6 +42,16 @@ class Applicability:
         self.family = family
         self.frame = pd.DataFrame(rows, columns=["toggle", "loop", "status", "reason"])
 
+    def in_loop(self, loop: str) -> Applicability:
+        """The toggles that act in `loop` ('train' or 'generate', their `loops`), as a table of their own: the
+        others only say they act in the other loop."""
+        if loop not in LOOPS:
+            raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
+        acting = {t.name for t in ORDER if loop in t.loops}
+        view = Applicability([], self.family)
+        view.frame = self.frame[(self.frame.loop == loop) & self.frame.toggle.isin(acting)].reset_index(drop=True)
+        return view
+
     def status(self, toggle: str, loop: str) -> tuple[str, str]:
         row = self.frame[(self.frame.toggle == toggle) & (self.frame.loop == loop)].iloc[0]
         return row.status, row.reason
@@ -56,7 +66,10 @@ class Applicability:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return f"<p>what applies to {self.family}:</p>" + self.frame.to_html(index=False)
+        import pandas as pd
+
+        with pd.option_context("display.max_colwidth", None):  # every reason whole (pandas cuts at 50 characters)
+            return f"<p>what applies to {self.family}:</p>" + self.frame.to_html(index=False)
 
 
 def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware | None = None) -> Applicability:

@@ -34,6 +34,16 @@ def test_applicable_answers_every_toggle_in_both_loops_with_a_reason():
     assert table.status("quantize", "train")[0] == "does not apply"
     assert all(r.reason for r in table.frame.itertuples() if r.status != "applies")  # every refusal says why
     assert "what applies to Hugging Face LlamaForCausalLM" in str(table)
+    generation = table.in_loop("generate")  # the toggles that act in generation, each once
+    assert set(generation.frame.loop) == {"generate"}
+    assert list(generation.frame.toggle) == [t.name for t in ORDER if "generate" in t.loops]
+    assert {"kv_cache", "quantize", "speculative", "bf16", "tf32"} <= set(generation.frame.toggle)
+    assert "lora" not in set(generation.frame.toggle)
+    assert generation.status("kv_cache", "generate") == ("applies", "")
+    html = generation._repr_html_()
+    assert max(len(r) for r in generation.frame.reason) > 50 and all(r in html for r in generation.frame.reason)
+    with pytest.raises(ValueError, match=r"loop must be one of \['train', 'generate'\], got 'decode'"):
+        table.in_loop("decode")
 
 
 def test_applicable_for_a_convnet_and_a_batch_fn_names_the_model_and_the_data():
