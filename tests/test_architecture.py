@@ -30,12 +30,17 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes under an `if TYPE_CHECKING:` block (imports there never run)."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """Every scalekit module `name` imports, at module level or inside functions (TYPE_CHECKING excluded)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                 and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    type_only = type_checking_nodes(tree)
     found = set()
     for node in ast.walk(tree):
         if id(node) in type_only:
@@ -165,8 +170,7 @@ THROUGH_QUIET_IMPORT = ("transformers", "peft", "bitsandbytes", "hqq", "torchao"
 def direct_library_imports(source: str) -> list[str]:
     """`import X` / `from X import ...` of a THROUGH_QUIET_IMPORT library in `source` (TYPE_CHECKING excluded)."""
     tree = ast.parse(source)
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                 and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    type_only = type_checking_nodes(tree)
     found = []
     for node in ast.walk(tree):
         if id(node) in type_only:
