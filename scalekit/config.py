@@ -21,7 +21,7 @@ from .checks import (
     int_in,
 )
 from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
-from .errors import ConfigError, ToggleUnavailable
+from .errors import ConfigError, ToggleUnavailable, toggle_why
 from .families import model_adapter, toggle_family
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from .toggles import TOGGLES, check_combination, normalise
@@ -175,7 +175,7 @@ class RunConfig:
         for name in self.toggles:
             ok, why = TOGGLES[name].applies_to(adapter or toggle_family(self.model))
             if not ok:
-                raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} {why}")
+                raise ToggleUnavailable(f"RunConfig.toggles: {toggle_why(name, why)}")
 
     def _validate_dataset(self) -> None:
         if self.collate_fn is not None and (self.dataset is None or not callable(self.collate_fn)):

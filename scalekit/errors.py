@@ -13,6 +13,12 @@ class ToggleUnavailable(ConfigError):
     """A toggle was asked for that this machine or this model cannot provide; the message says why."""
 
 
+def toggle_why(name: str, why: str) -> str:
+    """A toggle's reason in words: "toggle 'sdpa' needs ...", or "toggle 'kv_cache'='static': ..." where the reason
+    is about one of its values (it then starts with "=")."""
+    return f"toggle {name!r}{'' if why.startswith('=') else ' '}{why}"
+
+
 class PlanUnavailable(ConfigError):
     """The planner could not trace the step on fake tensors (the message says why); measure the run instead."""
 

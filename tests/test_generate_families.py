@@ -196,8 +196,9 @@ def test_a_gpt_fast_style_model_keeps_its_static_cache_and_makes_the_no_cache_to
     assert cached.status == plain.status == "ok", (cached.error, plain.error)
     assert cached.token_ids == plain.token_ids == reference and len(set(reference[0])) > 3
     assert cached.kv_cache_bytes == 2 * 2 * 2 * 20 * 32 * 4  # its own buffers: k and v, 2 layers, B=2, 20 positions
-    with pytest.raises(ToggleUnavailable, match="keeps the static cache setup_caches allocates"):
+    with pytest.raises(ToggleUnavailable, match="keeps the static cache setup_caches allocates") as refused:
         GenerateConfig(model=model, prompts=PROMPTS, toggles={"kv_cache": "dynamic"})
+    assert str(refused.value).startswith("GenerateConfig.model: toggle 'kv_cache'='dynamic': ")  # the value it refuses
 
 
 class Bigram(torch.nn.Module):

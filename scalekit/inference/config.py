@@ -13,7 +13,7 @@ import torch
 
 from ..checks import check_bool, check_device, check_label, check_threads, int_in
 from ..data import CharTokenizer, corpus_text
-from ..errors import ConfigError, ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..families import generation_family, is_hf_source
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
@@ -132,7 +132,7 @@ class GenerateConfig:
             for name, value in self.toggles.items():
                 ok, why = TOGGLES[name].choice_applies(family, value)
                 if not ok:
-                    raise ToggleUnavailable(f"GenerateConfig.model: toggle {name!r} {why}")
+                    raise ToggleUnavailable(f"GenerateConfig.model: {toggle_why(name, why)}")
 
     def _validate_prompts(self) -> None:
         prompts = self.prompts

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable, toggle_why
 
 # what a model of your own must do for scalekit to keep a KV cache for it: said wherever it cannot
 CACHE_CONVENTIONS = ("forward(idx, cache=..., input_pos=...) as the built-in GPT takes them (scalekit makes and fills "
@@ -152,7 +152,7 @@ class ModelAdapter:
 
     def new_cache(self, model: torch.nn.Module, kind: str, batch: int, max_len: int, device) -> Any:
         """A fresh KV cache of `kind` for one generation."""
-        raise ToggleUnavailable(f"toggle 'kv_cache' {self.kv_cache_support(kind)[1]}")
+        raise ToggleUnavailable(toggle_why("kv_cache", self.kv_cache_support(kind)[1]))
 
     def cache_bytes(self, cache: Any) -> int:
         """Bytes the cache holds now."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ToggleUnavailable
+from ..errors import ToggleUnavailable, toggle_why
 from ..models.kv_cache import CACHE_KINDS
 from .base import BuildContext, Toggle, Tune
 
@@ -39,7 +39,7 @@ class KVCache(Toggle):
         if family is not None:
             ok, why = family.kv_cache_support(value)
             if not ok:
-                raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
+                raise ToggleUnavailable(toggle_why("kv_cache", why))
         # the decode loop asks the family for a fresh cache of this kind for each generation
         ctx.kv_cache = value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import ConfigError, ToggleUnavailable
+from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES, pretrained_info
 from ..models.speculative import (
@@ -63,7 +63,7 @@ class Speculative(Toggle):
                               f"got {len(prompts)} prompts: generate them one by one")
         ok, why = ctx.model_adapter.kv_cache_support(ctx.kv_cache) if ctx.kv_cache else (True, "")
         if not ok:
-            raise ToggleUnavailable(f"toggle 'kv_cache' {why}")
+            raise ToggleUnavailable(toggle_why("kv_cache", why))
         ctx.speculative = spec  # the decode loop builds the draft model and runs the speculative loop
         ctx.notes.append(f"speculative: {describe(spec)}")
 
