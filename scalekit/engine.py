@@ -7,6 +7,7 @@ applied phase by phase, in the order scalekit.toggles fixes), warm up, measure, 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
 from .measure import memory
+from .measure.compiled import CompileWatch
 from .measure.results import RunResult, StepRecord
 from .measure.session import measured_run
 from .measure.summary import summarise_steps
@@ -207,6 +209,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
     cfg = ctx.config
     log = StepLog(ctx, result, on_step)
     total = cfg.warmup_steps + cfg.steps
+    watch = CompileWatch() if ctx.compiled else None
     if ctx.compiled:
         status("compiling: the first step includes compilation and can take a while")
     try:
@@ -221,7 +224,8 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
             batch = next(ctx.batches)
             log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
             tokens = batch_tokens(ctx, batch)
-            loss = train_step(ctx, batch)
+            with _watched(watch, measured=i >= max(1, cfg.warmup_steps)):  # the first step compiles
+                loss = train_step(ctx, batch)
             for hook in ctx.after_step:
                 hook(i)
             log.timer.stop()
@@ -242,9 +246,27 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
         result.notes.append("interrupted (Ctrl-C): the steps measured so far are kept")
     finally:
         log.finish()
+        if watch is not None:
+            _record_capture(watch, result)
     if ctx.device.type == "cuda" and log.wall_t0 is not None:
         result.peak_mem_bytes, result.peak_mem_reserved_bytes = memory.cuda_peak(ctx.device)
         result.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
+
+
+def _watched(watch: CompileWatch | None, measured: bool):
+    return watch.step(measured) if watch is not None else contextlib.nullcontext()
+
+
+def _record_capture(watch: CompileWatch, result: RunResult) -> None:
+    """What compile captured over the steps, said in the notes when it was not the whole model in one go."""
+    captured = watch.captured()
+    result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
+    result.recompiles_measured = watch.graphs_in_measured_steps
+    if captured.note():
+        result.notes.append(captured.note())
+    if watch.graphs_in_measured_steps:
+        result.notes.append(f"compile made {watch.graphs_in_measured_steps} graph(s) during the measured steps "
+                            f"(recompiles: a shape or guard changed), and their compile time is inside those steps")
 
 
 def _summarise(ctx: BuildContext, result: RunResult) -> None:

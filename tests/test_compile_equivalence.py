@@ -18,3 +18,6 @@ def test_compiled_and_eager_losses_agree_after_n_steps():
         assert step_e == step_c
         assert loss_c == pytest.approx(loss_e, rel=1e-4, abs=1e-4)
     assert eager.final_loss < eager.losses[0][1]  # both really trained
+    # compile captured the model whole: one graph (forward and backward), no break, no recompile after step 0
+    assert (compiled.graphs_compiled, compiled.graph_breaks, compiled.recompiles_measured) == (1, 0, 0)
+    assert not any("compile" in note for note in compiled.notes), compiled.notes

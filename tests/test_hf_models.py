@@ -63,6 +63,7 @@ def test_hf_models_learn_compiled(family):
     assert result.status == "ok", result.error
     assert learns(result, drop=0.1), result.losses
     assert result.compile_s is not None
+    assert (result.graphs_compiled, result.graph_breaks, result.recompiles_measured) == (1, 0, 0), result.notes
 
 
 # -- the same results ----------------------------------------------------------------------------------------

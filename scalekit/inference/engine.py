@@ -17,6 +17,7 @@ import torch
 
 from .. import hardware
 from ..measure import memory
+from ..measure.compiled import CompileWatch, graphs_made
 from ..measure.session import measured_run
 from ..measure.timing import Spread
 from ..toggles import BuildContext
@@ -69,11 +70,11 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
     ids, pad = pad_prompts(prompts, ctx.device)
     result.batch_size, result.prompt_tokens = len(prompts), [len(p) for p in prompts]
     max_len = ids.shape[1] + cfg.max_new_tokens
-    graphs0 = _graphs_compiled()
+    watch = CompileWatch() if ctx.compiled else None
     warm = _warm_up(ctx, cfg, result, ids, pad, max_len, stop, status)
     if warm is not None and warm.stopped:
         return
-    graphs1 = _graphs_compiled()
+    graphs1 = graphs_made() if ctx.compiled else 0
     status(f"generating {cfg.max_new_tokens} tokens × {len(prompts)} prompt(s)")
     memory.cuda_memory_reset(ctx.device)
     text_prompts = any(isinstance(p, str) for p in cfg.prompts)
@@ -81,9 +82,12 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
     done = _decoder(ctx)(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx),
                          _streamer(on_token, tokenizer), stop)
     _record(ctx, result, done, prompts, tokenizer)
-    if ctx.compiled:
-        result.graphs_compiled = _graphs_compiled() - graphs0
-        result.recompiles_measured = _graphs_compiled() - graphs1
+    if watch is not None:
+        captured = watch.captured()
+        result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
+        result.recompiles_measured = graphs_made() - graphs1
+        if captured.note():
+            result.notes.append(captured.note())
         if warm is not None:
             result.compile_s = max(0.0, warm.total_s - _steady_s(warm, result))
     if result.status == "ok":
@@ -121,12 +125,6 @@ def _sampling(cfg: GenerateConfig, ctx: BuildContext) -> Sampling:
     if cfg.temperature == 0:
         return GREEDY
     return Sampling(cfg.temperature, cfg.top_k, torch.Generator(device=ctx.device).manual_seed(cfg.seed))
-
-
-def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def _steady_s(warm: Decoded, result: GenerateResult) -> float:

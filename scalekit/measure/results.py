@@ -67,6 +67,9 @@ class RunResult:
     tokens_per_s_wall: float | None = None  # measured tokens / wall time of the measured loop, harness included
     first_step_ms: float | None = None  # includes compilation when compile is on
     compile_s: float | None = None  # first step minus a steady step, when compile is on
+    graphs_compiled: int | None = None  # graphs torch.compile made over the steps, when compile is on (0: it ran eagerly)
+    graph_breaks: int | None = None  # places dynamo split the model, the code there run eagerly
+    recompiles_measured: int | None = None  # graphs made inside measured steps after the first (should be 0)
     build_s: float | None = None  # model, data and optimizer set-up before the first step
     peak_mem_bytes: int | None = None
     peak_mem_reserved_bytes: int | None = None  # GPU allocator only
