@@ -178,6 +178,29 @@ def test_a_dataset_is_refused_with_the_field_named():
         RunConfig(model=TinyLM, batch_fn=lambda b, d: None, loss_fn=lm_loss, collate_fn=lambda x: x)
 
 
+class Ragged(Dataset):
+    """Documents of different lengths, as text usually comes."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        x = torch.arange(5 + i % 4) % 65
+        return x, x
+
+
+def test_samples_of_different_lengths_are_said_in_words_and_a_padding_collate_runs_them():
+    with pytest.raises(ConfigError, match="RunConfig.dataset: its samples have different lengths.*RunConfig.collate_fn"):
+        run(own(dataset=Ragged()))
+
+    def pad(samples):
+        xs = torch.nn.utils.rnn.pad_sequence([x for x, _ in samples], batch_first=True)
+        return xs, xs
+
+    result = run(own(dataset=Ragged(), collate_fn=pad, tokens_per_sample=8))
+    assert result.status == "ok", result.error
+
+
 def test_a_hugging_face_model_trains_on_your_tokenized_dataset_with_its_own_loss():
     pytest.importorskip("transformers")
     from scalekit.hf import causal_lm

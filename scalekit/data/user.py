@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from ..errors import ConfigError
 from .loaders import FullBatches
@@ -57,6 +57,20 @@ def readable(dataset: Any):
     return dataset.with_format("torch", columns=columns)
 
 
+def stack_samples(samples: list) -> Any:
+    """torch's default collate, with a batch of samples of different lengths said in words (the default collate
+    stacks tensors, so it cannot batch them).  A module-level function: worker processes receive it by pickling."""
+    try:
+        return default_collate(samples)
+    except RuntimeError as exc:
+        if "stack expects each tensor to be equal size" not in str(exc):
+            raise
+        raise ConfigError(f"RunConfig.dataset: its samples have different lengths, and torch's default collate "
+                          f"stacks them into one tensor ({exc}): give RunConfig.collate_fn (pad or cut each batch "
+                          f"to one length), or switch on sequence_packing (for a model that takes position_ids "
+                          f"and a 4-D attention mask, as Hugging Face models do)") from None
+
+
 class Epochs:
     """An iterable dataset's loader, pass after pass: a new iterator when one ends (the DataLoader's own
     iterator, so its workers end when it is closed)."""
@@ -90,6 +104,7 @@ def dataset_loader(dataset: Any, batch_size: int, seed: int, collate_fn=None, dr
     """The DataLoader over your dataset: endless full batches (map-style), or pass after pass (iterable)."""
     data = readable(dataset)
     generator = torch.Generator().manual_seed(seed)
+    collate_fn = collate_fn or stack_samples
     if isinstance(data, IterableDataset):
         if loader_kwargs.get("num_workers"):
             loader_kwargs["persistent_workers"] = True  # one set of workers for every pass
