@@ -262,8 +262,9 @@ def _record_capture(watch: CompileWatch, result: RunResult) -> None:
     captured = watch.captured()
     result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
     result.recompiles_measured = watch.graphs_in_measured_steps
-    if captured.note():
-        result.notes.append(captured.note())
+    result.compile_note = captured.note()
+    if result.compile_note:
+        result.notes.append(result.compile_note)
     if watch.graphs_in_measured_steps:
         result.notes.append(f"compile made {watch.graphs_in_measured_steps} graph(s) during the measured steps "
                             f"(recompiles: a shape or guard changed), and their compile time is inside those steps")

@@ -88,6 +88,21 @@ def test_real_gains_are_kept_and_gains_within_noise_are_not():
     assert result.best_tokens_per_s == pytest.approx(1000 * 1.5 * 1.3)
 
 
+def test_what_a_run_says_about_its_compile_reaches_the_candidates_reason():
+    class EagerCompile(Machine):  # dynamo could not trace this model: compile ran it eagerly, at eager speed
+        def measure(self, cfg):
+            m = super().measure(cfg)
+            return dataclasses.replace(m, note="compile captured no graph: the model ran eagerly" if "compile" in
+                                       cfg.toggles else "")
+
+    result = search(START, EagerCompile(speed={"bf16": 1.5}).space(CHANGES))
+    c = by_label(result)
+    assert not c["compile"].accepted
+    assert c["compile"].reason.startswith("too small a gain: 1.000×") and \
+        c["compile"].reason.endswith("; compile captured no graph: the model ran eagerly")
+    assert "compile" not in c["bf16"].reason  # only the runs of the change itself speak to it
+
+
 def test_a_gain_inside_the_measured_noise_is_rejected_even_above_the_minimum():
     # the candidate's runs come out 6% high and 2% low in turn: a 5% gain sits inside the noise the rounds show,
     # so the search asks for more rounds, up to its limit, and still does not keep it

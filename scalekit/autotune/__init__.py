@@ -100,7 +100,7 @@ def machine_space(base: RunConfig, hw, stop=None) -> SearchSpace:
         if r.status == "ok" and key not in peaks:  # the memory probe (an extra step on a CPU) once is enough
             peaks[key] = r.peak_mem_bytes
         return Measurement(r.tokens_per_s, peaks.get(key, r.peak_mem_bytes), r.compile_s or 0.0, r.median_step_ms,
-                           samples=run_samples(r.timing_rounds()[0], r.tokens_per_s))
+                           samples=run_samples(r.timing_rounds()[0], r.tokens_per_s), note=r.compile_note)
 
     return SearchSpace(changes=changes, available=available, conflicts=config_conflicts(base),
                        planned_peak=planned_peak,

@@ -49,7 +49,7 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
             judged[config_key(cfg)] = (refused, peak)
         step_ms = r.decode_ms.median if r.decode_ms else None
         return Measurement(r.decode_tokens_per_s, peak, r.compile_s or 0.0, step_ms, refused=refused,
-                           samples=run_samples(r.token_ms, r.decode_tokens_per_s))
+                           samples=run_samples(r.token_ms, r.decode_tokens_per_s), note=r.compile_note)
 
     applies = None if family is None else (lambda t: t.applies_to(family)[0])
     declared = declared_changes("generate", hw, applies)

@@ -52,6 +52,7 @@ class Measurement:
     # the rounds alone say how noisy it is)
     samples: tuple[float, ...] = ()
     wall_s: float | None = None  # how long the measurement took (the search sets it)
+    note: str = ""  # what the run said that bears on the change (compile that captured no graph, ...)
 
 
 def run_samples(step_ms: list[float], per_s: float) -> tuple[float, ...]:
@@ -385,7 +386,11 @@ def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Bud
         c.interval = speedup_interval([_samples(m) for m in theirs], [_samples(m) for m in mine], LOOK_LEVEL)
         if _over(cand, budget_bytes) or (len(mine) == MIN_ROUNDS and _decided(c.interval)):
             break  # (a budget that ends the rounds between the looks makes that round the second look)
-    return _judge(c, cfg, mine, theirs, result, budget_bytes, run_steps)
+    best = _judge(c, cfg, mine, theirs, result, budget_bytes, run_steps)
+    note = next((m.note for m in mine if m.note), "")
+    if note:
+        c.reason = f"{c.reason}; {note}" if c.reason else note
+    return best
 
 
 def _over(m: Measurement, budget_bytes) -> bool:

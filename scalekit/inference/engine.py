@@ -86,8 +86,9 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
         captured = watch.captured()
         result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
         result.recompiles_measured = graphs_made() - graphs1
-        if captured.note():
-            result.notes.append(captured.note())
+        result.compile_note = captured.note()
+        if result.compile_note:
+            result.notes.append(result.compile_note)
         if warm is not None:
             result.compile_s = max(0.0, warm.total_s - _steady_s(warm, result))
     if result.status == "ok":

@@ -53,6 +53,7 @@ class GenerateResult:
     graphs_compiled: int | None = None  # graphs torch.compile made (warm-up and measured), when compile is on
     recompiles_measured: int | None = None  # of those, made during the measured generation (should be 0)
     graph_breaks: int | None = None  # places dynamo split the decode step, the code there run eagerly
+    compile_note: str = ""  # what compile did not capture, in words ("": the whole step, or no compile)
     build_s: float | None = None
     # -- memory (bytes) ----------------------------------------------------------------------------------
     weight_bytes: int | None = None  # the weights as stored for this run (quantized formats counted as stored)

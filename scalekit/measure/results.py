@@ -70,6 +70,7 @@ class RunResult:
     graphs_compiled: int | None = None  # graphs torch.compile made over the steps, when compile is on (0: it ran eagerly)
     graph_breaks: int | None = None  # places dynamo split the model, the code there run eagerly
     recompiles_measured: int | None = None  # graphs made inside measured steps after the first (should be 0)
+    compile_note: str = ""  # what compile did not capture, in words ("": the whole model, or no compile)
     build_s: float | None = None  # model, data and optimizer set-up before the first step
     peak_mem_bytes: int | None = None
     peak_mem_reserved_bytes: int | None = None  # GPU allocator only
