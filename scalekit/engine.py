@@ -262,7 +262,8 @@ def _record_capture(watch: CompileWatch, result: RunResult) -> None:
     captured = watch.captured()
     result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
     result.recompiles_measured = watch.graphs_in_measured_steps
-    result.compile_note = captured.note()
+    # said only of a model that ran: a run stopped while its first step compiled made no graph, and ran nothing
+    result.compile_note = captured.note() if result.steps else ""
     if result.compile_note:
         result.notes.append(result.compile_note)
     if watch.graphs_in_measured_steps:

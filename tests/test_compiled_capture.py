@@ -102,3 +102,18 @@ def test_a_compile_row_of_a_model_dynamo_cannot_trace_says_it_measured_eager_cod
     assert "RNN, GRU, or LSTM" in note
     assert eager.graphs_compiled is None and not any("compile" in n for n in eager.notes)
     assert compiled.final_loss == eager.final_loss  # the same eager code ran
+
+
+def test_a_run_stopped_in_its_first_step_says_nothing_of_what_compile_captured():
+    """Ctrl-C while the first step compiles: no graph was made, but nothing ran eagerly either."""
+
+    def interrupted(model, batch):
+        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # a step, not the FLOP count at build
+            raise KeyboardInterrupt
+        return next_token_loss(model, batch)
+
+    stopped = run(RunConfig(model=GRULM, batch_fn=random_batches, loss_fn=interrupted, tokens_per_sample=SEQ,
+                            batch_size=4, steps=3, warmup_steps=1, measure_memory=False, toggles=["compile"]))
+    assert stopped.status == "stopped" and not stopped.steps
+    assert stopped.graphs_compiled == 0 and stopped.compile_note == ""
+    assert not any("compile" in note for note in stopped.notes), stopped.notes
