@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from scalekit import RunConfig, run
+from scalekit import RunConfig, generate, run
 from scalekit.measure import compiled
 from scalekit.measure.compiled import Captured, CompileWatch, graphs_made, short_reason
 
@@ -102,6 +102,14 @@ def test_a_compile_row_of_a_model_dynamo_cannot_trace_says_it_measured_eager_cod
     assert "RNN, GRU, or LSTM" in note
     assert eager.graphs_compiled is None and not any("compile" in n for n in eager.notes)
     assert compiled.final_loss == eager.final_loss  # the same eager code ran
+
+
+def test_a_compiled_generation_of_a_model_dynamo_cannot_trace_says_so():
+    generated = generate(model=GRULM(), prompts=[[1, 2, 3]], max_new_tokens=6, toggles={"compile": True},
+                         warmup_tokens=2)
+    assert generated.status == "ok", generated.error
+    assert generated.graphs_compiled == 0 and generated.compile_note.startswith("compile captured no graph")
+    assert generated.compile_note in generated.notes and "RNN, GRU, or LSTM" in generated.compile_note
 
 
 def test_a_run_stopped_in_its_first_step_says_nothing_of_what_compile_captured():
