@@ -1,7 +1,8 @@
 """Runs exported training code, as a user would, and says what it did (tests/test_hf_export_runs.py starts it).
 
 Reads a JSON list of {"id", "code", "samples"} on stdin; executes each code in a fresh directory with `config` (a
-tiny GPT-2 config, built offline) and `train_dataset` (that many windows of the shipped corpus) defined, and prints
+tiny GPT-2 config, built offline) and `train_dataset` (that many windows of the shipped corpus) defined, or with what
+a case's "prelude" defines (your own model's code: `model`, `loss_fn`, `train_dataset` of `samples` samples), and prints
 one line per case, "RESULT {json}": the optimizer steps taken, the optimizer (and its state's bits), the parameters it trained, the model's
 module classes, the Accelerator's precision and accumulation, the first DataLoader's options, whether activation
 checkpointing is on, the torch.compile calls; or the error.  It records through hooks and wrappers, never by changing
@@ -111,9 +112,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as where:
             os.chdir(where)  # the Trainer's output_dir, the quantized base's copy
             namespace = {"config": model_config("gpt2", "tiny"),
-                         "train_dataset": [corpus[i] for i in range(case["samples"])]}
+                         "train_dataset": [corpus[i] for i in range(case["samples"])], "samples": case["samples"]}
             start = time.perf_counter()
             try:
+                if "prelude" in case:
+                    exec(case["prelude"], namespace)
                 exec(compile(case["code"], f"{case['id'].replace('/', '_')}.py", "exec"), namespace)
                 facts = {**summary(), "run_s": round(time.perf_counter() - start, 2)}
             except BaseException:  # every failure is the case's result, reported

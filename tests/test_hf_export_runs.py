@@ -44,6 +44,54 @@ CASES = {
     "drop_last": ({"drop_last": True}, 8, {"loader": lambda loader: loader["drop_last"] is True}),
     "workers2": ({"dataloader_num_workers": 2}, 8, {"loader": lambda loader: loader["num_workers"] == 2}),
 }
+# Your own model: a plain nn.Module with your loss_fn, on tuples of tensors.  The exported code trains it with that
+# loss (the Trainer through compute_loss), adapters on the layers scalekit adapts (not peft's "all-linear", which
+# would take the head too), and says it does not carry what is spelled for Transformers models.
+OWN_MODEL = """
+import torch
+
+
+class BlocksLM(torch.nn.Module):
+    def __init__(self, vocab=65, width=16):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, vocab)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                          for _ in range(2))
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+torch.manual_seed(0)
+model = BlocksLM()
+train_dataset = [(torch.randint(0, 65, (16,)), torch.randint(0, 65, (16,))) for _ in range(samples)]
+"""
+OWN_ALL = ["blocks.0.0.bias", "blocks.0.0.weight", "blocks.1.0.bias", "blocks.1.0.weight", "emb.weight", "head.bias",
+           "head.weight"]
+OWN_CASES = {
+    "own-baseline": ({}, {"trained": OWN_ALL}),
+    "own-bf16-accum2": ({"bf16": True, "grad_accum": 2}, {"mixed_precision": "bf16", "accumulation": 2}),
+    "own-lora4": ({"lora": 4}, {"trained_numel": 2 * 4 * (16 + 16),  # the two block layers only
+                                "trained": lambda names: len(names) == 4 and all(".lora_" in n for n in names)}),
+    "own-checkpointing": ({"checkpointing": 1}, {"checkpointing": False, "trained": OWN_ALL}),  # not carried
+}
+
+
+def own_config(name: str) -> RunConfig:
+    space: dict = {"samples": 8}
+    exec(OWN_MODEL, space)
+    return RunConfig(model=space["BlocksLM"], dataset=space["train_dataset"], loss_fn=space["loss_fn"], batch_size=8,
+                     tokens_per_sample=16, toggles=OWN_CASES[name][0], steps=2, warmup_steps=0, lr=1e-3)
+
+
 # facts only an Accelerator shows, and the targets where it does (the Trainer accumulates itself: its step count
 # says so; Lightning has no Accelerator)
 ACCELERATOR_FACTS = {"mixed_precision": ("hf", "accelerate"), "accumulation": ("accelerate",)}
@@ -61,6 +109,8 @@ def ran() -> dict:
     targets = [t for t, library in LIBRARIES.items() if importlib.util.find_spec(library) is not None]
     cases = [{"id": f"{target}/{name}", "code": export_code(config(name), target), "samples": CASES[name][1]}
              for target in targets for name in CASES]
+    cases += [{"id": f"{target}/{name}", "code": export_code(own_config(name), target), "samples": 8,
+               "prelude": OWN_MODEL} for target in targets for name in OWN_CASES]
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_exported.py"))], input=json.dumps(cases),
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -86,3 +136,32 @@ def test_the_exported_code_runs_here_and_does_what_its_toggles_say(ran, target, 
     for key, expected in shows.items():
         if target in ACCELERATOR_FACTS.get(key, (target,)):
             assert (expected(facts[key]) if callable(expected) else facts[key] == expected), (key, facts[key], facts)
+
+
+@pytest.mark.parametrize("case", list(OWN_CASES))
+@pytest.mark.parametrize("target", list(LIBRARIES))
+def test_the_code_exported_for_your_own_model_trains_it_with_your_loss(ran, target, case):
+    if importlib.util.find_spec(LIBRARIES[target]) is None:
+        pytest.skip(f"{LIBRARIES[target]} is not installed: its exported code is only compiled here "
+                    f"(tests/test_hf_arguments.py)")
+    facts = ran[target][case]
+    assert "error" not in facts, facts.get("error")
+    assert facts["steps"] == STEPS[target], facts
+    assert "BlocksLM" in facts["modules"]
+    for key, expected in OWN_CASES[case][1].items():
+        if target in ACCELERATOR_FACTS.get(key, (target,)):
+            assert (expected(facts[key]) if callable(expected) else facts[key] == expected), (key, facts[key], facts)
+
+
+def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
+    code = export_code(own_config("own-checkpointing"), "hf")
+    assert "# Assumes `model` (your BlocksLM" in code and "AutoModelForCausalLM" not in code
+    assert "# not carried: checkpointing=1: its code acts on a Transformers model, and your BlocksLM is a plain " \
+           "nn.Module" in code
+    assert "gradient_checkpointing" not in code and "remove_unused_columns=False" in code
+    lora = export_code(own_config("own-lora4"), "accelerate")
+    assert "target_modules=['blocks.0.0', 'blocks.1.0']" in lora and "def training_function(model):" in lora
+    for target in LIBRARIES:  # Lightning's too, where it is not installed to run it
+        code = export_code(own_config("own-lora4"), target)
+        compile(code, f"{target}.py", "exec")
+        assert ("loss_fn(self.model, batch)" if target == "lightning" else "loss_fn(model,") in code

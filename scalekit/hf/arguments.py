@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..optional import quiet_import
 from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
 from ..toggles.base import Spelling
+from .model import HFCausalLM, is_hf_config, is_hf_model
 
 # TrainingArguments fields read for RunConfig's own fields (not toggles), with their defaults there
 RUN_FIELDS = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "seed": 42, "use_cpu": False}
@@ -137,15 +138,29 @@ def _training_arguments_defaults() -> dict:
 
 
 # -- out: the toggles' spellings, put together ----------------------------------------------------------------
+def own_module(cfg: Any) -> str | None:
+    """The name of `cfg`'s model when it is your own nn.Module rather than a Transformers model (None otherwise): its
+    exported code trains that model with your loss_fn, and carries no toggle spelled for Transformers models."""
+    model = getattr(cfg, "model", None)
+    if model is None or isinstance(model, HFCausalLM) or is_hf_model(model) or is_hf_config(model):
+        return None
+    return getattr(model, "__name__", None) or type(model).__name__
+
+
 def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[str]]:
     """Every toggle of `cfg` spelled for `target` and put together (Spelling's rules): what the toggles that are off
     write, then those on, in ORDER; and, for each toggle on that `target` cannot carry, "label: why".  `here`: for
     code run on this machine, which leaves out what the framework refuses where there is no GPU, if it has none."""
     total, missing = Spelling(), []
+    own = own_module(cfg)
     for toggle in ORDER:
-        if toggle.name not in cfg.toggles:
+        if toggle.name not in cfg.toggles and not (own and toggle.spelled_for_transformers_models):
             total = total.then(toggle.off_spelling(target, cfg))
     for name, value in cfg.toggles.items():
+        if own and TOGGLES[name].spelled_for_transformers_models:
+            missing.append(f"{label(name, value)}: its code acts on a Transformers model, and your {own} is a plain "
+                           f"nn.Module (scalekit applied it to your model its own way: do the same there by hand)")
+            continue
         spelled = TOGGLES[name].spelling(target, value, cfg)
         if not spelled.missing and spelled.gpu_only and here and not torch.cuda.is_available():
             written = ", ".join(f"{k}={v!r}" for k, v in spelled.kwargs.items()) or "it"
@@ -162,6 +177,8 @@ def model_side(cfg: Any) -> dict[str, str]:
     """The toggles of `cfg` that Transformers carries in the model, not in TrainingArguments: name -> their code."""
     out = {}
     for name, value in cfg.toggles.items():
+        if own_module(cfg) and TOGGLES[name].spelled_for_transformers_models:
+            continue  # assemble names it as not carried
         spelled = TOGGLES[name].spelling("hf", value, cfg)
         if not spelled.missing and not spelled.kwargs and (spelled.model_kwargs or spelled.model):
             calls = [f"from_config(config, {k}={v})" for k, v in spelled.model_kwargs.items()]
@@ -227,4 +244,6 @@ def hf_arguments(cfg: Any, world_size: int, here: bool = False) -> tuple[dict, l
     if cpu:
         kwargs["use_cpu"] = True
     kwargs.update(spelled.kwargs)
+    if own_module(cfg):  # the Trainer would drop the batch's fields your model's forward does not name
+        kwargs["remove_unused_columns"] = False
     return kwargs, [*([why] if why else []), *spelled.notes], missing

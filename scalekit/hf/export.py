@@ -7,7 +7,8 @@ pieces in place and names no toggle.  What a framework has no switch for is writ
 what does not carry over exactly says so in a `# note:`; a toggle no code carries is named in a `# not carried:`
 line with why.  The code assumes `config` (a transformers config) and `train_dataset` (dicts of "input_ids" and
 "labels") are defined, and runs where it was exported (on the CPU where there is no GPU); nothing here imports
-the frameworks.
+the frameworks.  For your own nn.Module (RunConfig.model that is not a Transformers model) it assumes `model`,
+your `loss_fn(model, batch)` and `train_dataset` instead, and trains that model with that loss.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..toggles import needs_process_group
 from ..toggles.base import EXPORT_TARGETS, Spelling
-from .arguments import assemble, hf_arguments, per_device_batch, runs_on_cpu
+from .arguments import assemble, hf_arguments, own_module, per_device_batch, runs_on_cpu
 
 TARGETS = EXPORT_TARGETS
 
@@ -40,15 +41,29 @@ def _call(name: str, kwargs: dict, indent: str = "") -> list[str]:
 
 def _header(cfg: Any, where: str, notes: list[str], missing: list[str]) -> list[str]:
     label = cfg.label or cfg.describe()
-    return [f"# scalekit configuration {label!r} in {where}.",
-            "# Assumes `config` (a transformers config) and `train_dataset` (dicts of input_ids, labels).",
+    own = own_module(cfg)
+    assumes = ("# Assumes `config` (a transformers config) and `train_dataset` (dicts of input_ids, labels)." if not own
+               else f"# Assumes `model` (your {own}, built as scalekit built it), your `loss_fn(model, batch)` and "
+                    f"`train_dataset` (samples your loss_fn reads once torch's default_collate batches them).")
+    return [f"# scalekit configuration {label!r} in {where}.", assumes,
             *[f"# note: {n}" for n in notes], *[f"# not carried: {m}" for m in missing]]
 
 
-def _model_lines(spelled: Spelling, indent: str = "") -> list[str]:
-    """The model built from `config` with the toggles' model-side changes, the Transformers way."""
+def _model_lines(cfg: Any, spelled: Spelling, indent: str = "") -> list[str]:
+    """The model built from `config` with the toggles' model-side changes, the Transformers way; your own model (defined
+    beforehand) with them."""
     options = "".join(f", {k}={v}" for k, v in spelled.model_kwargs.items())
-    return [f"{indent}model = AutoModelForCausalLM.from_config(config{options})", *[indent + line for line in spelled.model]]
+    built = [] if own_module(cfg) else [f"{indent}model = AutoModelForCausalLM.from_config(config{options})"]
+    return [*built, *[indent + line for line in spelled.model]]
+
+
+def _auto_model_import(cfg: Any) -> list[str]:
+    return [] if own_module(cfg) else ["from transformers import AutoModelForCausalLM"]
+
+
+def _loss(cfg: Any, model: str) -> str:
+    """The loss of one batch: the Transformers model's own, or your loss_fn's."""
+    return f"loss_fn({model}, batch)" if own_module(cfg) else f"{model}(**batch).loss"
 
 
 def _loader_line(cfg: Any, spelled: Spelling, world: int, indent: str) -> str:
@@ -65,11 +80,19 @@ def _launch_note(world: int) -> list[str]:
 def _hf(cfg: Any, world: int) -> str:
     kwargs, notes, missing = hf_arguments(cfg, world, here=True)
     spelled, _ = assemble(cfg, "hf", here=True)
-    lines = [*_header(cfg, "Transformers", notes, missing),
-             "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments", *spelled.imports, "",
-             *_model_lines(spelled), "args = " + "\n".join(_call("TrainingArguments", {k: repr(v) for k, v in kwargs.items()})),
-             "trainer = Trainer(model=model, args=args, train_dataset=train_dataset)", "trainer.train()",
-             *_launch_note(world)]
+    own = own_module(cfg)
+    imports = ["from torch.utils.data import default_collate", "from transformers import Trainer, TrainingArguments"] \
+        if own else ["from transformers import AutoModelForCausalLM, Trainer, TrainingArguments"]
+    trainer = "trainer = Trainer(model=model, args=args, train_dataset=train_dataset)"
+    if own:  # the Trainer reads a loss from the model's output: here it is your loss_fn's
+        imports += ["", "", "class LossFnTrainer(Trainer):  # your loss_fn in place of a Transformers model's own loss",
+                    "    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):",
+                    "        loss = loss_fn(model, inputs)", "        return (loss, None) if return_outputs else loss", ""]
+        trainer = ("trainer = LossFnTrainer(model=model, args=args, train_dataset=train_dataset, "
+                   "data_collator=default_collate)")
+    lines = [*_header(cfg, "Transformers", notes, missing), *imports, *spelled.imports, "",
+             *_model_lines(cfg, spelled), "args = " + "\n".join(_call("TrainingArguments", {k: repr(v) for k, v in kwargs.items()})),
+             trainer, "trainer.train()", *_launch_note(world)]
     return "\n".join(lines) + "\n"
 
 
@@ -77,19 +100,20 @@ def _hf(cfg: Any, world: int) -> str:
 def _accelerate(cfg: Any, world: int) -> str:
     spelled, missing = assemble(cfg, "accelerate", here=True)
     cpu, why = runs_on_cpu(cfg, "cpu=True")
+    own = "model" if own_module(cfg) else ""  # your model, handed to each process
     kwargs = {**{k: str(v) for k, v in spelled.kwargs.items()}, **({"cpu": "True"} if cpu else {})}
     i = "    "
     lines = [*_header(cfg, "Accelerate", [*([why] if why else []), *spelled.notes], missing),
              "import torch", "from torch.utils.data import DataLoader", "from accelerate import Accelerator, notebook_launcher",
-             *spelled.imports, "from transformers import AutoModelForCausalLM", "", "", "def training_function():",
+             *spelled.imports, *_auto_model_import(cfg), "", "", f"def training_function({own}):",
              *[i + line for line in spelled.setup], f"{i}accelerator = " + "\n".join(_call("Accelerator", kwargs, i)).lstrip(),
-             *_model_lines(spelled, i), f"{i}optimizer = {spelled.optimizer}", _loader_line(cfg, spelled, world, i),
+             *_model_lines(cfg, spelled, i), f"{i}optimizer = {spelled.optimizer}", _loader_line(cfg, spelled, world, i),
              f"{i}model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)",
              f"{i}model.train()", f"{i}for step, batch in enumerate(train_dataloader):",
-             f"{i}    with accelerator.accumulate(model):", f"{i}        loss = model(**batch).loss",
+             f"{i}    with accelerator.accumulate(model):", f"{i}        loss = {_loss(cfg, 'model')}",
              f"{i}        accelerator.backward(loss)", f"{i}        optimizer.step()",
              f"{i}        optimizer.zero_grad(set_to_none=True)", *[f"{i}    {line}" for line in spelled.after_step],
-             "", "", f"notebook_launcher(training_function, num_processes={world})"]
+             "", "", f"notebook_launcher(training_function, {'args=(model,), ' * bool(own)}num_processes={world})"]
     return "\n".join(lines) + "\n"
 
 
@@ -103,11 +127,11 @@ def lightning_trainer_kwargs(cfg: Any, world: int) -> dict:
     return kwargs
 
 
-def _lightning_module(spelled: Spelling) -> list[str]:
+def _lightning_module(cfg: Any, spelled: Spelling) -> list[str]:
     i = "        "
     lines = ["class LitModel(L.LightningModule):", "    def __init__(self, model):", f"{i}super().__init__()",
              f"{i}self.model = model", "", "    def configure_model(self):", *([i + line for line in spelled.wrap] or [f"{i}pass"]),
-             "", "    def training_step(self, batch, batch_idx):", f"{i}loss = self.model(**batch).loss",
+             "", "    def training_step(self, batch, batch_idx):", f"{i}loss = {_loss(cfg, 'self.model')}",
              f'{i}self.log("loss", loss)', f"{i}return loss", "", "    def configure_optimizers(self):",
              f"{i}return {spelled.optimizer}"]
     if spelled.after_step:
@@ -120,8 +144,8 @@ def _lightning(cfg: Any, world: int) -> str:
     why = runs_on_cpu(cfg, "accelerator='cpu'")[1]
     lines = [*_header(cfg, "Lightning", [*([why] if why else []), *spelled.notes], missing),
              "import torch", "from torch.utils.data import DataLoader", "import lightning as L", *spelled.imports,
-             "from transformers import AutoModelForCausalLM", "", "", *_lightning_module(spelled), "", "", *spelled.setup,
-             *_model_lines(spelled), _loader_line(cfg, spelled, world, ""),
+             *_auto_model_import(cfg), "", "", *_lightning_module(cfg, spelled), "", "", *spelled.setup,
+             *_model_lines(cfg, spelled), _loader_line(cfg, spelled, world, ""),
              "trainer = " + "\n".join(_call("L.Trainer", lightning_trainer_kwargs(cfg, world))),
              "trainer.fit(LitModel(model), train_dataloaders=train_dataloader)"]
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ import torch
 from ..errors import ConfigError, ToggleUnavailable
 from ..optional import quiet_import
 from .blocks import block_linears, is_conv1d
+from .family import ModelAdapter
 
 
 def peft_available() -> tuple[bool, str]:
@@ -72,8 +73,32 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
     return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"
 
 
-def peft_code(rank: int, use_dora: bool, names=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(imports, lines) that build in exported code the same adapters `add_adapters` builds, on `model`."""
+def own_model_targets(source) -> list[str] | None:
+    """For exported code: the full names of the layers scalekit adapts in your own nn.Module `source` (RunConfig.model:
+    a module, or a class or function that builds one, built here on the meta device: no memory, no weights).  None
+    for a Transformers model, whose output layer peft's "all-linear" leaves out as scalekit does, for the built-in
+    GPT, and for a model that cannot be built on the meta device."""
+    if source is None or isinstance(source, ModelAdapter) or _from_transformers(source):
+        return None
+    try:
+        if isinstance(source, torch.nn.Module):
+            model = source
+        else:
+            with torch.device("meta"):
+                model = source()
+        return None if _from_transformers(model) else adapter_targets(model)
+    except Exception:  # noqa: BLE001 - a model of the user's that cannot be built on meta: the general spelling
+        return None
+
+
+def _from_transformers(obj) -> bool:
+    return type(obj).__module__.startswith("transformers.")
+
+
+def peft_code(rank: int, use_dora: bool, cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(imports, lines) that build in exported code the same adapters `add_adapters` builds, on `model`, for RunConfig
+    `cfg`: its adapter_targets, or, for your own model, the layers scalekit adapts in it."""
+    names = cfg.adapter_targets or own_model_targets(getattr(cfg, "model", None))
     targets = repr(list(names)) if names else '"all-linear"'  # the blocks' linear layers
     imports = ("from peft import LoraConfig, get_peft_model", "from transformers.pytorch_utils import Conv1D")
     lines = (f"adapters = LoraConfig(r={rank}, lora_alpha={2 * rank}, lora_dropout=0.0, target_modules={targets}, "

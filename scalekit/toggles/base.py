@@ -356,6 +356,9 @@ class Toggle:
 
     # -- how it is spelled in the frameworks (scalekit.hf.arguments and scalekit.hf.export read these) ------------
     training_fields: Mapping[str, Any] = {}  # TrainingArguments fields it reads -> their defaults there
+    # its spellings act on a Transformers model (its methods, from_config's arguments, or a TrainingArguments field
+    # that calls them): the exported code of your own nn.Module does not carry it, and says so
+    spelled_for_transformers_models: bool = False
 
     def from_training_arguments(self, fields: Mapping[str, Any], notes: list[str]) -> Any:
         """Its value for a TrainingArguments, or None (off).  `fields` holds every field of `training_fields` (at its

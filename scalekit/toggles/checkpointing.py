@@ -164,6 +164,8 @@ class Checkpointing(CountToggle):
     def traced(self, value) -> bool:
         return True
 
+    spelled_for_transformers_models = True
+
     training_fields = {"activation_checkpointing": None, "activation_checkpointing_kwargs": None,
                        "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None}
 

@@ -35,7 +35,7 @@ class DoRA(CountToggle):
         return True
 
     def spelling(self, target, rank: int, cfg) -> Spelling:
-        imports, lines = peft_code(rank, use_dora=True, names=cfg.adapter_targets)
+        imports, lines = peft_code(rank, use_dora=True, cfg=cfg)
         return Spelling(imports=imports, model=lines)
 
 

@@ -63,6 +63,8 @@ class HeadOnly(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, value, cfg) -> Spelling:
         # a copy of the output layer, not shared with the frozen input embedding (GPT-2 ties them)
         return Spelling(imports=("import copy",), model=(

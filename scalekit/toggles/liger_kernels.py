@@ -71,6 +71,8 @@ class LigerKernels(Toggle):
         patch(ctx.base_model, adapter.architecture, ctx.stack)
         ctx.notes.append("liger_kernels: fused RMSNorm, RoPE, SwiGLU and linear cross-entropy (Liger-Kernel)")
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, value, cfg) -> Spelling:
         if target == "hf":
             return Spelling(kwargs={"use_liger_kernel": True}, gpu_only=True)

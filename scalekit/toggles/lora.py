@@ -34,7 +34,7 @@ class LoRA(CountToggle):
         return True
 
     def spelling(self, target, rank: int, cfg) -> Spelling:
-        imports, lines = peft_code(rank, use_dora=False, names=cfg.adapter_targets)
+        imports, lines = peft_code(rank, use_dora=False, cfg=cfg)
         return Spelling(imports=imports, model=lines)
 
 

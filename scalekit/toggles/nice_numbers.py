@@ -45,6 +45,8 @@ class NiceNumbers(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(model=(f"model.resize_token_embeddings(model.config.vocab_size, pad_to_multiple_of={VOCAB_MULTIPLE}, "
                                f"mean_resizing=False)  # nice_numbers",))

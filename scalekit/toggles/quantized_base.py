@@ -67,6 +67,8 @@ class QuantizedBase(Toggle):
         facts.analytic = False
         facts.quantized_base = value
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, mode: str, cfg) -> Spelling:
         bnb = "load_in_8bit=True" if mode == "int8" else f'load_in_4bit=True, bnb_4bit_quant_type="{mode}"'
         # Transformers quantizes weights as it loads them: from your checkpoint, or (here) a copy of the model built

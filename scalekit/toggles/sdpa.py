@@ -29,6 +29,8 @@ class SDPA(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(model_kwargs={"attn_implementation": '"sdpa"'})  # the model's own switch, in every framework
 

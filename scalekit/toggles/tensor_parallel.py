@@ -98,6 +98,8 @@ class TensorParallel(CountToggle):
         facts.rank_notes.append(f"tensor_parallel: 1/{value} of each block's weights, gradients and optimizer state "
                                 f"per rank, the rest replicated; the ranks of a group share their batch")
 
+    spelled_for_transformers_models = True
+
     def spelling(self, target, value, cfg) -> Spelling:
         value, _ = parse(value)
         if target == "hf":
