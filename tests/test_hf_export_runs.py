@@ -4,6 +4,7 @@ one process, each in a fresh directory, and reports what each run did)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -159,6 +160,8 @@ def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
     assert "# not carried: checkpointing=1: its code acts on a Transformers model, and your BlocksLM is a plain " \
            "nn.Module" in code
     assert "gradient_checkpointing" not in code and "remove_unused_columns=False" in code
+    by_lambda = dataclasses.replace(own_config("own-baseline"), model=lambda: own_config("own-baseline").model())
+    assert "# Assumes `model` (your model, built as scalekit built it)" in export_code(by_lambda, "hf")
     lora = export_code(own_config("own-lora4"), "accelerate")
     assert "target_modules=['blocks.0.0', 'blocks.1.0']" in lora and "def training_function(model):" in lora
     for target in LIBRARIES:  # Lightning's too, where it is not installed to run it

@@ -144,7 +144,8 @@ def own_module(cfg: Any) -> str | None:
     model = getattr(cfg, "model", None)
     if model is None or isinstance(model, HFCausalLM) or is_hf_model(model) or is_hf_config(model):
         return None
-    return getattr(model, "__name__", None) or type(model).__name__
+    name = getattr(model, "__name__", None) or type(model).__name__
+    return name if name.isidentifier() else "model"  # a lambda's "<lambda>" names nothing
 
 
 def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[str]]:
