@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers", reason="the exported code builds a transformers model")
 
@@ -164,6 +165,17 @@ def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
     assert "# Assumes `model` (your model, built as scalekit built it)" in export_code(by_lambda, "hf")
     lora = export_code(own_config("own-lora4"), "accelerate")
     assert "target_modules=['blocks.0.0', 'blocks.1.0']" in lora and "def training_function(model):" in lora
+    space: dict = {"samples": 8}
+    exec(OWN_MODEL, space)
+
+    class NotOnMeta(space["BlocksLM"]):  # reads a value as it is built: no meta-device build
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.ones(1).sum().item()
+
+    shy = export_code(dataclasses.replace(own_config("own-lora4"), model=NotOnMeta), "hf")
+    assert 'target_modules="all-linear"' in shy
+    assert "# note: your model could not be built on the meta device" in shy and "RunConfig.adapter_targets" in shy
     for target in LIBRARIES:  # Lightning's too, where it is not installed to run it
         code = export_code(own_config("own-lora4"), target)
         compile(code, f"{target}.py", "exec")

@@ -73,32 +73,34 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
     return wrapped, f"{kind} rank {rank} on {len(targets)} linear layers; {trainable:,} trainable parameters"
 
 
-def own_model_targets(source) -> list[str] | None:
+def own_model_targets(source) -> tuple[list[str] | None, str]:
     """For exported code: the full names of the layers scalekit adapts in your own nn.Module `source` (RunConfig.model:
-    a module, or a class or function that builds one, built here on the meta device: no memory, no weights).  None
-    for a Transformers model, whose output layer peft's "all-linear" leaves out as scalekit does, for the built-in
-    GPT, and for a model that cannot be built on the meta device."""
+    a module, or a class or function that builds one, built here on the meta device: no memory, no weights), and a
+    note when they could not be found.  None for a Transformers model, whose output layer peft's "all-linear" leaves
+    out as scalekit does, and for the built-in GPT."""
     if source is None or isinstance(source, ModelAdapter) or _from_transformers(source):
-        return None
+        return None, ""
     try:
         if isinstance(source, torch.nn.Module):
             model = source
         else:
             with torch.device("meta"):
                 model = source()
-        return None if _from_transformers(model) else adapter_targets(model)
-    except Exception:  # noqa: BLE001 - a model of the user's that cannot be built on meta: the general spelling
-        return None
+        return (None, "") if _from_transformers(model) else (adapter_targets(model), "")
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's code: said, and the general spelling kept
+        return None, (f"your model could not be built on the meta device to find the layers scalekit adapts "
+                      f"({type(exc).__name__}: {exc}); peft's 'all-linear' adapts every linear layer, the output "
+                      f"layer too: set RunConfig.adapter_targets to name the layers")
 
 
 def _from_transformers(obj) -> bool:
     return type(obj).__module__.startswith("transformers.")
 
 
-def peft_code(rank: int, use_dora: bool, cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(imports, lines) that build in exported code the same adapters `add_adapters` builds, on `model`, for RunConfig
-    `cfg`: its adapter_targets, or, for your own model, the layers scalekit adapts in it."""
-    names = cfg.adapter_targets or own_model_targets(getattr(cfg, "model", None))
+def peft_code(rank: int, use_dora: bool, cfg) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(imports, lines, notes) that build in exported code the same adapters `add_adapters` builds, on `model`, for
+    RunConfig `cfg`: its adapter_targets, or, for your own model, the layers scalekit adapts in it."""
+    names, note = (cfg.adapter_targets, "") if cfg.adapter_targets else own_model_targets(getattr(cfg, "model", None))
     targets = repr(list(names)) if names else '"all-linear"'  # the blocks' linear layers
     imports = ("from peft import LoraConfig, get_peft_model", "from transformers.pytorch_utils import Conv1D")
     lines = (f"adapters = LoraConfig(r={rank}, lora_alpha={2 * rank}, lora_dropout=0.0, target_modules={targets}, "
@@ -106,4 +108,4 @@ def peft_code(rank: int, use_dora: bool, cfg) -> tuple[tuple[str, ...], tuple[st
              "                      fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()))  "
              "# Conv1D stores (in, out)",
              f"model = get_peft_model(model, adapters)  # {'dora' if use_dora else 'lora'}={rank}")
-    return imports, lines
+    return imports, lines, (note,) if note else ()

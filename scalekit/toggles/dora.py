@@ -35,8 +35,8 @@ class DoRA(CountToggle):
         return True
 
     def spelling(self, target, rank: int, cfg) -> Spelling:
-        imports, lines = peft_code(rank, use_dora=True, cfg=cfg)
-        return Spelling(imports=imports, model=lines)
+        imports, lines, notes = peft_code(rank, use_dora=True, cfg=cfg)
+        return Spelling(imports=imports, model=lines, notes=notes)
 
 
 TOGGLE = DoRA()

@@ -34,8 +34,8 @@ class LoRA(CountToggle):
         return True
 
     def spelling(self, target, rank: int, cfg) -> Spelling:
-        imports, lines = peft_code(rank, use_dora=False, cfg=cfg)
-        return Spelling(imports=imports, model=lines)
+        imports, lines, notes = peft_code(rank, use_dora=False, cfg=cfg)
+        return Spelling(imports=imports, model=lines, notes=notes)
 
 
 TOGGLE = LoRA()
