@@ -69,6 +69,15 @@ def compile_with(model=None, **kwargs):
 
 
 torch.compile = compile_with
+original_checkpoint = torch.utils.checkpoint.checkpoint
+
+
+def checkpoint_with(function, *args, **kwargs):
+    record("checkpoint", kwargs.get("use_reentrant"))
+    return original_checkpoint(function, *args, **kwargs)
+
+
+torch.utils.checkpoint.checkpoint = checkpoint_with  # what the exported code imports, and Transformers' layers call
 try:
     import accelerate
     from accelerate.state import AcceleratorState, GradientState
@@ -96,7 +105,8 @@ def summary() -> dict:
             "mixed_precision": None if accelerator is None else str(accelerator.mixed_precision),
             "accumulation": None if accelerator is None else accelerator.gradient_accumulation_steps,
             "loader": seen["loader"][0], "compile": seen.get("compile", []),
-            "checkpointing": any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())}
+            "checkpointing": any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()),
+            "checkpoint_calls": len(seen.get("checkpoint", []))}
 
 
 def main() -> None:

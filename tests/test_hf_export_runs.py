@@ -83,7 +83,9 @@ OWN_CASES = {
     "own-bf16-accum2": ({"bf16": True, "grad_accum": 2}, {"mixed_precision": "bf16", "accumulation": 2}),
     "own-lora4": ({"lora": 4}, {"trained_numel": 2 * 4 * (16 + 16),  # the two block layers only
                                 "trained": lambda names: len(names) == 4 and all(".lora_" in n for n in names)}),
-    "own-checkpointing": ({"checkpointing": 1}, {"checkpointing": False, "trained": OWN_ALL}),  # not carried
+    # both blocks under torch.utils.checkpoint: 2 calls a forward, and the recomputations do not call it again
+    "own-checkpointing": ({"checkpointing": 1}, {"checkpoint_calls": lambda calls: calls > 0 and calls % 2 == 0,
+                                                 "trained": OWN_ALL}),
 }
 
 
@@ -158,9 +160,13 @@ def test_the_code_exported_for_your_own_model_trains_it_with_your_loss(ran, targ
 def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
     code = export_code(own_config("own-checkpointing"), "hf")
     assert "# Assumes `model` (your BlocksLM" in code and "AutoModelForCausalLM" not in code
-    assert "# not carried: checkpointing=1: its code acts on a Transformers model, and your BlocksLM is a plain " \
-           "nn.Module" in code
+    assert "for i, block in enumerate(model.get_submodule('blocks')):" in code and "# not carried" not in code
     assert "gradient_checkpointing" not in code and "remove_unused_columns=False" in code
+    qlora = export_code(dataclasses.replace(own_config("own-lora4"), toggles={"lora": 4, "quantized_base": "nf4"}), "hf")
+    assert "# not carried: quantized_base='nf4': its code acts on a Transformers model, and your BlocksLM is a plain " \
+           "nn.Module" in qlora and "from_pretrained" not in qlora and "get_peft_model" in qlora
+    sdpa_free = export_code(own_config("own-baseline"), "hf")
+    assert "attn_implementation" not in sdpa_free  # sdpa's "eager" when off is a Transformers model's switch
     by_lambda = dataclasses.replace(own_config("own-baseline"), model=lambda: own_config("own-baseline").model())
     assert "# Assumes `model` (your model, built as scalekit built it)" in export_code(by_lambda, "hf")
     lora = export_code(own_config("own-lora4"), "accelerate")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .family import ModelAdapter
+
 KNOWN_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers", "encoder.layer",
                "layers", "blocks", "h")
 WRAPPER_PATHS = ("_orig_mod", "module", "base_model.model")
@@ -76,3 +78,31 @@ def block_linears(model: torch.nn.Module, names=None, conv1d: bool = False) -> l
     return [qualified for qualified, m in model.named_modules()
             if id(m) in inside and (isinstance(m, torch.nn.Linear) or (conv1d and is_conv1d(m)))
             and (names is None or qualified.rsplit(".", 1)[-1] in names)]
+
+
+def from_transformers(obj) -> bool:
+    """A transformers object (a model or a config), told by its class's module: transformers is not imported here."""
+    return type(obj).__module__.startswith("transformers.")
+
+
+def own_model_on_meta(source) -> tuple[torch.nn.Module | None, str]:
+    """Your own nn.Module for code written about it (exports), and why not: `source` is RunConfig.model (a module, or
+    a class or function that builds one, built here on the meta device: no memory, no weights).  (None, "") for a
+    Transformers model or spec, and for the built-in GPT (None); (None, why) when building it failed."""
+    if source is None or isinstance(source, ModelAdapter) or from_transformers(source):
+        return None, ""
+    try:
+        if isinstance(source, torch.nn.Module):
+            model = source
+        else:
+            with torch.device("meta"):
+                model = source()
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's code: said, and the caller's general code kept
+        return None, f"your model could not be built on the meta device ({type(exc).__name__}: {exc})"
+    return (None, "") if from_transformers(model) or not isinstance(model, torch.nn.Module) else (model, "")
+
+
+def blocks_path(model: torch.nn.Module) -> str | None:
+    """The qualified name of the model's block container (None: no blocks, or the model itself is the container)."""
+    blocks = find_blocks(model)
+    return next((name for name, m in model.named_modules() if m is blocks and name), None)

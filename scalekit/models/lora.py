@@ -10,8 +10,7 @@ import torch
 
 from ..errors import ConfigError, ToggleUnavailable
 from ..optional import quiet_import
-from .blocks import block_linears, is_conv1d
-from .family import ModelAdapter
+from .blocks import block_linears, is_conv1d, own_model_on_meta
 
 
 def peft_available() -> tuple[bool, str]:
@@ -74,27 +73,17 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
 
 
 def own_model_targets(source) -> tuple[list[str] | None, str]:
-    """For exported code: the full names of the layers scalekit adapts in your own nn.Module `source` (RunConfig.model:
-    a module, or a class or function that builds one, built here on the meta device: no memory, no weights), and a
-    note when they could not be found.  None for a Transformers model, whose output layer peft's "all-linear" leaves
-    out as scalekit does, and for the built-in GPT."""
-    if source is None or isinstance(source, ModelAdapter) or _from_transformers(source):
-        return None, ""
+    """For exported code: the full names of the layers scalekit adapts in your own nn.Module `source` (RunConfig.model,
+    built on the meta device), and a note when they could not be found.  None for a Transformers model, whose output
+    layer peft's "all-linear" leaves out as scalekit does, and for the built-in GPT."""
+    model, why = own_model_on_meta(source)
+    if model is None:
+        return None, (f"{why}, to find the layers scalekit adapts; peft's 'all-linear' adapts every linear layer, the "
+                      f"output layer too: set RunConfig.adapter_targets to name the layers") if why else ""
     try:
-        if isinstance(source, torch.nn.Module):
-            model = source
-        else:
-            with torch.device("meta"):
-                model = source()
-        return (None, "") if _from_transformers(model) else (adapter_targets(model), "")
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's code: said, and the general spelling kept
-        return None, (f"your model could not be built on the meta device to find the layers scalekit adapts "
-                      f"({type(exc).__name__}: {exc}); peft's 'all-linear' adapts every linear layer, the output "
-                      f"layer too: set RunConfig.adapter_targets to name the layers")
-
-
-def _from_transformers(obj) -> bool:
-    return type(obj).__module__.startswith("transformers.")
+        return adapter_targets(model), ""
+    except ToggleUnavailable as exc:
+        return None, str(exc)
 
 
 def peft_code(rank: int, use_dora: bool, cfg) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

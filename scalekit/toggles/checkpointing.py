@@ -16,6 +16,7 @@ from torch.utils.checkpoint import (
 
 from ..checks import bool_or_none, check_bool, dict_or_none, int_in
 from ..errors import ConfigError, ToggleUnavailable
+from ..models.blocks import blocks_path, own_model_on_meta
 from ..optional import quiet_import
 from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle, as_count
@@ -101,6 +102,22 @@ def enable_line(model: str, every: int) -> str:
             + ("  # every layer: this transformers has no every_n_layers" if every != 1 else ""))
 
 
+def own_model_spelling(target: str, every: int, model, why: str) -> Spelling:
+    """Checkpointing written for your own nn.Module (`model`, built on the meta device; None and `why` when it could not
+    be): its blocks' forwards run under torch.utils.checkpoint, as scalekit runs them."""
+    if model is None:
+        return Spelling(missing=f"{why}, to find its blocks: run them under torch.utils.checkpoint by hand")
+    path = blocks_path(model)
+    lines = (f"for i, block in enumerate({{model}}{f'.get_submodule({path!r})' if path else ''}):  "
+             f"# checkpointing={every}: blocks {every}, {2 * every}, ... keep only their input",
+             f"    if (i + 1) % {every} == 0:",
+             "        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)")
+    imports = ("import functools", "from torch.utils.checkpoint import checkpoint")
+    if target == "lightning":
+        return Spelling(imports=imports, wrap=tuple(line.replace("{model}", "self.model") for line in lines))
+    return Spelling(imports=imports, model=tuple(line.replace("{model}", "model") for line in lines))
+
+
 class Checkpointing(CountToggle):
     name = "checkpointing"
     summary = ("activation checkpointing: every block (or every k-th), torch's checkpoint_sequential, or selective "
@@ -164,8 +181,6 @@ class Checkpointing(CountToggle):
     def traced(self, value) -> bool:
         return True
 
-    spelled_for_transformers_models = True
-
     training_fields = {"activation_checkpointing": None, "activation_checkpointing_kwargs": None,
                        "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None}
 
@@ -195,6 +210,9 @@ class Checkpointing(CountToggle):
             why = ("torch's checkpoint_sequential passes one tensor from block to block, and a Transformers model's blocks "
                    "also take masks and positions")
             return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
+        own, why = own_model_on_meta(getattr(cfg, "model", None))
+        if own is not None or why:
+            return own_model_spelling(target, value, own, why)
         name = checkpointing_field()
         if target == "hf":
             return Spelling(kwargs={name: True, f"{name}_kwargs": {"use_reentrant": False,
