@@ -126,35 +126,38 @@ def ran() -> dict:
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("target", list(LIBRARIES))
-def test_the_exported_code_runs_here_and_does_what_its_toggles_say(ran, target, case):
+def facts_of(ran: dict, target: str, case: str) -> dict:
+    """What the exported code of `case` did in `target` (skipped where the framework is not installed)."""
     if importlib.util.find_spec(LIBRARIES[target]) is None:
         pytest.skip(f"{LIBRARIES[target]} is not installed: its exported code is only compiled here "
                     f"(tests/test_hf_arguments.py)")
     facts = ran[target][case]
     assert "error" not in facts, facts.get("error")
-    toggles, batch, shows = CASES[case]
     assert facts["steps"] == STEPS[target], facts  # with accumulation too: one step of k micro-batches an epoch
-    assert facts["loader"]["batch_size"] == batch // toggles.get("grad_accum", 1)
+    return facts
+
+
+def assert_shows(facts: dict, target: str, shows: dict) -> None:
     for key, expected in shows.items():
         if target in ACCELERATOR_FACTS.get(key, (target,)):
             assert (expected(facts[key]) if callable(expected) else facts[key] == expected), (key, facts[key], facts)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("target", list(LIBRARIES))
+def test_the_exported_code_runs_here_and_does_what_its_toggles_say(ran, target, case):
+    facts = facts_of(ran, target, case)
+    toggles, batch, shows = CASES[case]
+    assert facts["loader"]["batch_size"] == batch // toggles.get("grad_accum", 1)
+    assert_shows(facts, target, shows)
+
+
 @pytest.mark.parametrize("case", list(OWN_CASES))
 @pytest.mark.parametrize("target", list(LIBRARIES))
 def test_the_code_exported_for_your_own_model_trains_it_with_your_loss(ran, target, case):
-    if importlib.util.find_spec(LIBRARIES[target]) is None:
-        pytest.skip(f"{LIBRARIES[target]} is not installed: its exported code is only compiled here "
-                    f"(tests/test_hf_arguments.py)")
-    facts = ran[target][case]
-    assert "error" not in facts, facts.get("error")
-    assert facts["steps"] == STEPS[target], facts
+    facts = facts_of(ran, target, case)
     assert "BlocksLM" in facts["modules"]
-    for key, expected in OWN_CASES[case][1].items():
-        if target in ACCELERATOR_FACTS.get(key, (target,)):
-            assert (expected(facts[key]) if callable(expected) else facts[key] == expected), (key, facts[key], facts)
+    assert_shows(facts, target, OWN_CASES[case][1])
 
 
 def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
