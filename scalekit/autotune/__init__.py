@@ -18,6 +18,7 @@ from ..engine import run
 from ..errors import ConfigError, PlanUnavailable
 from ..families import toggle_family
 from ..hardware import detect
+from ..measure.stats import run_samples
 from ..plan import estimate
 from ..rounds import timing_only
 from ..toggles import TOGGLES
@@ -32,7 +33,6 @@ from .search import (
     Measurement,
     SearchSpace,
     config_key,
-    run_samples,
     search,
 )
 

@@ -18,11 +18,12 @@ import dataclasses
 from ..errors import ConfigError
 from ..hardware import detect
 from ..inference import GenerateConfig, generate
+from ..measure.stats import run_samples
 from ..rounds import timing_only
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import Deadline, Measurement, SearchSpace, config_key, run_samples, search
+from .search import Deadline, Measurement, SearchSpace, config_key, search
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
 

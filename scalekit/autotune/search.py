@@ -55,15 +55,6 @@ class Measurement:
     note: str = ""  # what the run said that bears on the change (compile that captured no graph, ...)
 
 
-def run_samples(step_ms: list[float], per_s: float) -> tuple[float, ...]:
-    """A run's step times as times per token, scaled so that their median is 1 / `per_s` (its tokens/s): the
-    rounds compare runs whose batches may differ."""
-    if not step_ms or not per_s:
-        return ()
-    median = statistics.median(step_ms)
-    return tuple(ms / (median * per_s) for ms in step_ms)
-
-
 class Deadline:
     """A stop flag that is also set once `seconds` have passed: measurements (which check their stop flag every
     step) end at the time budget instead of overrunning it by a candidate.  `why` says which it was."""
@@ -387,8 +378,7 @@ def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Bud
         if _over(cand, budget_bytes) or (len(mine) == MIN_ROUNDS and _decided(c.interval)):
             break  # (a budget that ends the rounds between the looks makes that round the second look)
     best = _judge(c, cfg, mine, theirs, result, budget_bytes, run_steps)
-    note = next((m.note for m in mine if m.note), "")
-    if note:
+    if note := next((m.note for m in mine if m.note), ""):  # what the runs said of the change (compile's capture)
         c.reason = f"{c.reason}; {note}" if c.reason else note
     return best
 

@@ -142,6 +142,15 @@ def too_few_steps(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Seque
             f"(measure {2 * MIN_BATCH_STEPS} or more, or in rounds: repeats=3)")
 
 
+def run_samples(step_ms: list[float], per_s: float) -> tuple[float, ...]:
+    """A run's step times as times per token, scaled so that their median is 1 / `per_s` (its tokens/s): the
+    rounds compare runs whose batches may differ."""
+    if not step_ms or not per_s:
+        return ()
+    median = statistics.median(step_ms)
+    return tuple(ms / (median * per_s) for ms in step_ms)
+
+
 def run_log_variance(samples: Sequence[float], statistic: Callable = statistics.median) -> tuple[float, int] | None:
     """(variance of the log of the run's figure, its degrees of freedom) by batch means, or None when the run
     has fewer than 2 × MIN_BATCH_STEPS steps."""
