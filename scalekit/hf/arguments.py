@@ -28,10 +28,10 @@ import torch
 
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..errors import ConfigError
+from ..models.blocks import is_own_model
 from ..optional import quiet_import
 from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
 from ..toggles.base import Spelling
-from .model import HFCausalLM, is_hf_config, is_hf_model
 
 # TrainingArguments fields read for RunConfig's own fields (not toggles), with their defaults there
 RUN_FIELDS = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "seed": 42, "use_cpu": False}
@@ -142,7 +142,7 @@ def own_module(cfg: Any) -> str | None:
     """The name of `cfg`'s model when it is your own nn.Module rather than a Transformers model (None otherwise): its
     exported code trains that model with your loss_fn, and carries no toggle spelled for Transformers models."""
     model = getattr(cfg, "model", None)
-    if model is None or isinstance(model, HFCausalLM) or is_hf_model(model) or is_hf_config(model):
+    if not is_own_model(model):
         return None
     name = getattr(model, "__name__", None) or type(model).__name__
     return name if name.isidentifier() else "model"  # a lambda's "<lambda>" names nothing

@@ -81,15 +81,23 @@ def block_linears(model: torch.nn.Module, names=None, conv1d: bool = False) -> l
 
 
 def from_transformers(obj) -> bool:
-    """A transformers object (a model or a config), told by its class's module: transformers is not imported here."""
-    return type(obj).__module__.startswith("transformers.")
+    """A transformers model or config (or its class), subclasses of them included, told by the modules of its classes:
+    transformers is not imported here."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return any(c.__module__.startswith("transformers.") for c in cls.__mro__)
+
+
+def is_own_model(source) -> bool:
+    """RunConfig.model is your own model (a module, or what builds one), not the built-in GPT nor a Transformers model
+    or spec; a function is taken as yours until it is called (own_model_on_meta looks at what it builds)."""
+    return source is not None and not isinstance(source, ModelAdapter) and not from_transformers(source)
 
 
 def own_model_on_meta(source) -> tuple[torch.nn.Module | None, str]:
     """Your own nn.Module for code written about it (exports), and why not: `source` is RunConfig.model (a module, or
     a class or function that builds one, built here on the meta device: no memory, no weights).  (None, "") for a
     Transformers model or spec, and for the built-in GPT (None); (None, why) when building it failed."""
-    if source is None or isinstance(source, ModelAdapter) or from_transformers(source):
+    if not is_own_model(source):
         return None, ""
     try:
         if isinstance(source, torch.nn.Module):
