@@ -22,11 +22,23 @@ import sys
 def compiler_names() -> tuple[str, ...]:
     """The names inductor tries, in its order: its `cpp.cxx` setting once inductor is imported (a user may set it
     there), else what that setting will read from the environment."""
-    config = sys.modules.get("torch._inductor.config")
-    if config is not None:
-        cxx = config.cpp.cxx
+    cxx = inductor_setting()
+    if cxx is not None:
         return tuple(c for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c)
     return (os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++"),)
+
+
+def inductor_setting():
+    """Inductor's `cpp.cxx` setting, or None when it is not set: inductor not imported yet, or the setting missing
+    or hidden (torch's config module hides a setting that was deleted, as a test framework's undo can do), in
+    which case inductor's own default, read from CXX, is what holds."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is None:
+        return None
+    try:
+        return config.cpp.cxx
+    except Exception:  # noqa: BLE001 - whatever a config proxy raises, the setting is unreadable, so not set
+        return None
 
 
 def found() -> tuple[str, str] | None:

@@ -140,6 +140,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
 
 
+def _library_state() -> dict:
+    """What a test must leave as it found it: torch's compiler configuration (dynamo's and, once imported,
+    inductor's), its float32 matmul precision, default dtype, grad mode and intra-op threads."""
+    state = {"matmul_precision": torch.get_float32_matmul_precision(), "default_dtype": torch.get_default_dtype(),
+             "grad_enabled": torch.is_grad_enabled(), "threads": torch.get_num_threads()}
+    for name in ("torch._dynamo.config", "torch._inductor.config"):
+        if (config := sys.modules.get(name)) is not None:
+            state[name] = config.get_config_copy()
+    return state
+
+
+@pytest.fixture
+def library_state():
+    return _library_state
+
+
+@pytest.fixture(autouse=True)
+def _library_state_kept():
+    """Fails a test after which a library's global state differs from before it (a config patched and not
+    restored, or restored by deletion, which hides a torch setting for the rest of the process)."""
+    before = _library_state()
+    yield
+    after = _library_state()
+    changed = sorted(key for key in before if after.get(key) != before[key] and not isinstance(before[key], dict))
+    for name in ("torch._dynamo.config", "torch._inductor.config"):
+        old, new = before.get(name), after.get(name)
+        if old is not None and new is not None:
+            changed += [f"{name}.{key}" for key in sorted(old.keys() | new.keys()) if old.get(key, _MISSING) != new.get(key, _MISSING)]
+    if changed:
+        pytest.fail(f"this test left library state changed: {', '.join(changed)}; patch torch's config with "
+                    "torch._inductor.config.patch(...) / torch._dynamo.config.patch(...), and restore what it set",
+                    pytrace=False)
+
+
+_MISSING = object()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _scalekit_cache(tmp_path_factory):
     # tokenized corpus goes to a per-session folder unless the caller chose one

@@ -40,10 +40,21 @@ class Quantize(Toggle):
             raise ConfigError("toggles: quantize='torch-dynamic-int8' takes fp32 activations only (torch's dynamic "
                               "int8 Linear); it cannot run under bf16 autocast: pick a torchao, bnb or hqq method")
         compute_dtype = ctx.compute_dtype or next(ctx.base_model.parameters()).dtype
+        if value.startswith("torchao-"):
+            keep_inductor_config(ctx.stack)
         n = quantize_model(ctx.base_model, value, compute_dtype, ctx.device.type)
         ctx.model = ctx.base_model
         ctx.notes.append(f"quantize={value}: {n} linear layers of the blocks ({METHODS[value][1]}); "
                          f"embeddings and the tied output head kept in {str(compute_dtype).removeprefix('torch.')}")
+
+
+def keep_inductor_config(stack) -> None:
+    """torchao's quantize_ sets the inductor flags it recommends for quantized models (coordinate-descent tuning,
+    int_mm fusion), process-wide and for good: they hold for this run, as for any torchao user, and the whole
+    inductor configuration is put back when the run ends, so no later run in the process inherits them."""
+    import torch._inductor.config as inductor_config  # torchao imports it anyway
+
+    stack.callback(inductor_config.load_config, inductor_config.get_config_copy())
 
 
 TOGGLE = Quantize()
