@@ -66,3 +66,25 @@ def test_torchaos_inductor_flags_hold_for_the_run_only():
         inductor_config.coordinate_descent_tuning = not before["coordinate_descent_tuning"]  # as torchao's setter does
         assert inductor_config.get_config_copy() != before
     assert inductor_config.get_config_copy() == before
+
+
+def monkeypatched_targets(source: str) -> list[str]:
+    """The first argument of every monkeypatch.setattr / delattr call in `source`, as written."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                and node.func.attr in ("setattr", "delattr") and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "monkeypatch"):
+            found.append(ast.unparse(node.args[0]))
+    return found
+
+
+def test_no_test_monkeypatches_torchs_config():
+    # torch's config modules are proxies: restore them through their own patch(), never monkeypatch
+    offenders = [f"{path.name}: monkeypatch of {target}" for path in sorted(ROOT.joinpath("tests").glob("*.py"))
+                 for target in monkeypatched_targets(path.read_text())
+                 if "config" in target.lower() and "conftest" not in target]
+    assert not offenders, offenders
+    assert monkeypatched_targets("monkeypatch.setattr(inductor_config.cpp, 'cxx', 1)") == ["inductor_config.cpp"]
