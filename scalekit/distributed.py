@@ -7,8 +7,10 @@ whose release the toggles register later, is freed first (LIFO) — a DDP model 
 group is destroyed can abort the process at exit.  `shard_batches` gives each rank its slice of the
 global batch: every rank draws the same global batch from the same seed and keeps rows
 [rank*B/W, (rank+1)*B/W), so W ranks together see exactly what one process with batch B sees.
-`aggregate` gathers every rank's figures: global tokens/s is the sum over ranks, each rank's peak memory
-is kept, and the loss is the mean over ranks (equal slices, so the mean of the whole batch).
+`aggregate` gathers every rank's figures: each token is counted once (the ranks that split the model, a
+tensor-parallel group or a pipeline, share their rows: tokens/s is summed over the data-parallel groups, not over
+ranks), each rank's peak memory is kept, and the loss is the mean over ranks (equal slices, so the mean of the
+whole batch).
 """
 
 from __future__ import annotations
@@ -168,20 +170,28 @@ def _rows(batch, r: int, w: int):
 
 
 def adopt(ranks: Ranks, ctx, result: RunResult) -> None:
-    """Per-rank accounting: this rank's tokens and FLOPs per step are its share of the global batch's."""
+    """Per-rank accounting: this rank's tokens per step are its data-parallel group's rows of the global batch
+    (the ranks that split the model share them), its FLOPs 1/world of the global batch's (a DDP rank does the whole
+    model for 1/W of the rows, a tensor-parallel or pipeline rank 1/W of the model for its group's rows)."""
     micro_batch_rows(ctx.config.batch_size, ranks.world_size, ctx.grad_accum_steps)
-    result.tokens_per_step //= ranks.world_size
+    result.tokens_per_step //= _data_parallel_ranks(ranks, ctx.data_parallel)
     if result.flops_per_step:
         result.flops_per_step /= ranks.world_size
 
 
+def _data_parallel_ranks(ranks: Ranks, data_parallel: tuple[int, int] | None) -> int:
+    """How many groups of ranks split each batch (None: every rank has its own rows)."""
+    return ranks.world_size if data_parallel is None else data_parallel[1]
+
+
 @dataclass
 class DistributedRunResult(RunResult):
-    """A run over several ranks: throughput summed over ranks, the largest rank's peak memory, each rank's kept."""
+    """A run over several ranks: each token counted once (tokens/s summed over the data-parallel groups), the
+    largest rank's peak memory, each rank's figures kept."""
 
     world_size: int = 1
     backend: str = ""
-    per_rank: list[dict] = field(default_factory=list)  # rank, tokens_per_s, step_ms, peak_mem_bytes, final_loss
+    per_rank: list[dict] = field(default_factory=list)  # rank, tokens_per_s, step_ms, peak_mem_bytes, final_loss, ...
 
     def summary_row(self):
         row = super().summary_row()
@@ -196,36 +206,85 @@ class DistributedRunResult(RunResult):
 def aggregate(ranks: Ranks, result: RunResult, data_parallel: tuple[int, int] | None = None) -> DistributedRunResult:
     """Every rank's figures gathered into one result (the same on every rank); `data_parallel`: (index, ranks)
     among the ranks that split each batch, where toggles that split the model set it (None: every rank)."""
+    index = ranks.rank if data_parallel is None else data_parallel[0]
     mine = dict(rank=ranks.rank, tokens_per_s=result.tokens_per_s, tokens_per_s_wall=result.tokens_per_s_wall,
                 step_ms=result.median_step_ms, peak_mem_bytes=result.peak_mem_bytes, mfu=result.mfu,
-                final_loss=result.final_loss, losses=result.losses, status=result.status)
+                final_loss=result.final_loss, losses=result.losses, status=result.status, data_parallel_index=index,
+                tokens_per_step=result.tokens_per_step, peak_tflops=result.peak_tflops,
+                step_tokens=[s.tokens for s in result.steps])
     rows: list[dict] = [None] * ranks.world_size  # type: ignore[list-item]
     dist.all_gather_object(rows, mine)
     out = DistributedRunResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(RunResult)},
                                world_size=ranks.world_size, backend=ranks.backend)
-    out.per_rank = [{k: v for k, v in r.items() if k != "losses"} for r in rows]
-    out.tokens_per_step = result.tokens_per_step * ranks.world_size
-    out.tokens_per_s = _sum(r["tokens_per_s"] for r in rows)
-    out.tokens_per_s_wall = _sum(r["tokens_per_s_wall"] for r in rows)
+    out.per_rank = [{k: v for k, v in r.items() if k not in ("losses", "step_tokens")} for r in rows]
+    _count_tokens_once(out, rows)
     mems = [r["peak_mem_bytes"] for r in rows]
     out.peak_mem_bytes = max(mems) if all(m is not None for m in mems) else None
-    mfus = [r["mfu"] for r in rows]
-    out.mfu = sum(mfus) / len(mfus) if all(m is not None for m in mfus) else None
     if result.flops_per_step:
-        out.flops_per_step = result.flops_per_step * ranks.world_size
+        out.flops_per_step = result.flops_per_step * ranks.world_size  # each rank did 1/world of them (adopt)
+    out.mfu = _job_mfu(out, [r["peak_tflops"] for r in rows])
     # same sync points on every rank: average the losses step by step
     out.losses = [(step, sum(r["losses"][k][1] for r in rows) / len(rows)) for k, (step, _) in enumerate(result.losses)]
     out.final_loss = out.losses[-1][1] if out.losses else None
-    split = ranks.world_size if data_parallel is None else data_parallel[1]  # ranks that split the model share rows
-    rows = f", batch_size/{split} per rank" if split > 1 else ", the whole batch on every rank"
-    out.notes.append(f"{ranks.world_size} ranks ({ranks.backend}){rows}: "
-                     f"tokens/s summed over ranks, peak memory of the largest rank, loss averaged over ranks")
+    out.notes.append(_counting_note(ranks, _data_parallel_ranks(ranks, data_parallel)))
     return out
+
+
+def _groups(rows: list[dict]) -> list[list[dict]]:
+    """The ranks' rows by data-parallel index: each group's ranks (a tensor-parallel group, a pipeline's stages)
+    processed the same rows of the batch."""
+    by_index: dict[int, list[dict]] = {}
+    for row in rows:
+        by_index.setdefault(row["data_parallel_index"], []).append(row)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def _count_tokens_once(out: DistributedRunResult, rows: list[dict]) -> None:
+    """Tokens per step, tokens/s and each step's tokens summed over the data-parallel groups, each group's tokens
+    counted once: its first rank's tokens, its ranks' mean rate (a group's ranks step together)."""
+    groups = _groups(rows)
+    out.tokens_per_step = sum(g[0]["tokens_per_step"] for g in groups)
+    out.tokens_per_s = _sum(_mean(r["tokens_per_s"] for r in g) for g in groups)
+    out.tokens_per_s_wall = _sum(_mean(r["tokens_per_s_wall"] for r in g) for g in groups)
+    out.steps = _job_steps(out.steps, [g[0]["step_tokens"] for g in groups])
+
+
+def _job_steps(steps: list, tokens_by_group: list[list]) -> list:
+    """This rank's step records with the whole job's tokens and tokens/s (what a launched run's plots show); kept
+    as they are where the groups' steps do not line up (every rank syncs at the same steps, so they do)."""
+    if any(len(t) != len(steps) or None in t for t in tokens_by_group):
+        return steps
+    totals = [sum(step) for step in zip(*tokens_by_group, strict=True)]
+    return [dataclasses.replace(s, tokens=n, tokens_per_s=n / (s.step_ms / 1e3)) if s.step_ms else s
+            for s, n in zip(steps, totals, strict=True)]
+
+
+def _job_mfu(out: DistributedRunResult, peaks_tflops: list) -> float | None:
+    """The whole job's MFU: the model's FLOPs for the tokens counted, at the job's tokens/s, over every rank's peak
+    (the mean of the ranks' own MFUs, each rank doing 1/world of the FLOPs)."""
+    if not (out.flops_per_step and out.tokens_per_step and out.tokens_per_s) or None in peaks_tflops:
+        return None
+    return out.flops_per_step / out.tokens_per_step * out.tokens_per_s / (sum(peaks_tflops) * 1e12)
+
+
+def _counting_note(ranks: Ranks, groups: int) -> str:
+    """How the figures were counted: which ranks split each batch, and that each token counts once."""
+    shared = ranks.world_size // groups  # the ranks of one data-parallel group: they share its rows
+    rows = f", batch_size/{groups} per rank" if groups > 1 else ", the whole batch on every rank"
+    return (f"{ranks.world_size} ranks ({ranks.backend}){rows}: tokens counted once per data-parallel group of "
+            f"{shared} rank(s): tokens/s and tokens per step summed over {groups} group(s), FLOPs the model's for "
+            f"those tokens, MFU against the peak of all {ranks.world_size} ranks; peak memory of the largest rank, "
+            f"loss averaged over ranks")
 
 
 def _sum(values):
     values = list(values)
     return sum(values) if all(v is not None for v in values) else None
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values) if values and all(v is not None for v in values) else None
 
 
 def _local(t):

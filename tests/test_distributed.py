@@ -16,6 +16,7 @@ from scalekit import distributed
 from scalekit.distributed import DistributedRunResult
 from scalekit.engine import build, train_step
 from scalekit.launch import launch, launch_run
+from scalekit.measure.results import RunResult, StepRecord
 from scalekit.toggles import needs_process_group
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
@@ -127,6 +128,32 @@ def test_ddp_and_fsdp_runs_aggregate_over_ranks():
     assert [s for s, _ in result.losses] == [s for s, _ in single.losses]
     assert [v for _, v in result.losses] == pytest.approx([v for _, v in single.losses], abs=1e-5)
     assert "2 ranks (gloo)" in scalekit.compare([result]).loc[0, "note"]
+
+
+def test_a_3d_mesh_counts_each_token_once_per_data_parallel_group(monkeypatch):
+    """8 ranks as a (pipeline 2, data parallel 2, tensor parallel 2) mesh, their gathered figures scripted: the 4
+    ranks of each data-parallel group (2 stages × 2 tensor-parallel ranks) process the same 256 of 512 tokens."""
+    model_flops = 8e9  # the model's FLOPs for the whole batch: each rank does 1/8 of them
+    step_s = [0.10, 0.11, 0.09, 0.10, 0.20, 0.19, 0.21, 0.20]  # ranks 2-3 and 6-7 are the second group's
+    rows = [dict(rank=r, tokens_per_s=256 / s, tokens_per_s_wall=200 / s, step_ms=s * 1e3, peak_mem_bytes=1,
+                 mfu=model_flops / 8 / s / 1e12, final_loss=3.0, losses=[(0, 3.0)], status="ok",
+                 data_parallel_index=r // 2 % 2, tokens_per_step=256, peak_tflops=1.0, step_tokens=[256])
+             for r, s in enumerate(step_s)]
+    monkeypatch.setattr(distributed.dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), rows))
+    mine = RunResult(label="3-D", config={}, tokens_per_step=256, flops_per_step=model_flops / 8, losses=[(0, 3.0)],
+                     steps=[StepRecord(step=0, warmup=False, step_ms=100.0, tokens_per_s=2560.0, loss=3.0,
+                                       mem_bytes=None, tokens=256)])
+    out = distributed.aggregate(distributed.Ranks(0, 8, "gloo", False), mine, data_parallel=(0, 2))
+    groups = [[0, 1, 4, 5], [2, 3, 6, 7]]
+    rate = sum(sum(256 / step_s[r] for r in g) / 4 for g in groups)  # each group's mean rate, once
+    assert out.tokens_per_step == 512 and out.flops_per_step == model_flops
+    assert out.tokens_per_s == pytest.approx(rate)  # not the 8 ranks' sum, 4× as much
+    assert out.tokens_per_s_wall == pytest.approx(sum(sum(200 / step_s[r] for r in g) / 4 for g in groups))
+    assert out.steps[0].tokens == 512 and out.steps[0].tokens_per_s == pytest.approx(5120)
+    assert out.mfu == pytest.approx(model_flops / 512 * rate / 8e12)
+    assert out.mfu == pytest.approx(sum(r["mfu"] for r in rows) / 8)
+    assert "batch_size/2 per rank: tokens counted once per data-parallel group of 4 rank(s)" in out.notes[-1]
+    assert "summed over 2 group(s)" in out.notes[-1] and "MFU against the peak of all 8 ranks" in out.notes[-1]
 
 
 def _ddp_alive_when_the_group_is_destroyed(fail_at_call):

@@ -120,12 +120,18 @@ def local(t):
     return t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
 
 
+def ladder_run(toggles=None):
+    """One measured step of the tiny GPT (an MFU against a peak of 1 TFLOP/s: the CPU's is not known)."""
+    return tiny(batch_size=BATCH, steps=1, warmup_steps=0, peak_tflops=1.0, toggles=toggles or {})
+
+
 def _all_cases():
     dist.init_process_group("gloo")
     out = {name: train(config(name, toggles)) for name, toggles in CASES.items()}
-    # each rank's measured peak for the memory ladder (the engine's per-rank accounting), one step each
-    out["peaks"] = {name: scalekit.run(tiny(batch_size=BATCH, steps=1, warmup_steps=0, toggles=toggles))
-                    .per_rank[dist.get_rank()]["peak_mem_bytes"] for name, toggles in LADDER.items()}
+    # the engine's runs of the ladder, one step each: each rank's measured peak for the memory ladder (its per-rank
+    # accounting), and the throughput figures gathered over the ranks
+    out["runs"] = {name: scalekit.run(ladder_run(toggles)) for name, toggles in LADDER.items()}
+    out["peaks"] = {name: run.per_rank[dist.get_rank()]["peak_mem_bytes"] for name, run in out["runs"].items()}
     dist.destroy_process_group()
     return out
 
@@ -183,6 +189,26 @@ def test_the_memory_ladder_per_rank_is_planned_within_15_percent(two_ranks):
     assert planned["ddp"] > planned["zero1"] > planned["zero2"] > planned["fsdp (zero3)"]
     # measured too, down to ZeRO-2 (on the tiny model ZeRO-3's per-block gathers cost about what it saves)
     assert measured["ddp"] > measured["zero1"] > measured["zero2"]
+
+
+def test_ranks_that_split_the_model_count_each_token_once(two_ranks):
+    single = scalekit.run(ladder_run())
+    runs = two_ranks[0]["runs"]
+    assert single.tokens_per_step == BATCH * single.config["seq_len"]
+    for name, run in runs.items():
+        # a tensor-parallel pair and a pipeline's 2 stages share the batch; the data-parallel modes split it
+        shared = 2 if name.startswith(("tensor", "pipeline")) else 1
+        assert [r["tokens_per_step"] for r in run.per_rank] == [single.tokens_per_step * shared // 2] * 2, name
+        assert run.tokens_per_step == single.tokens_per_step, name  # DDP: the global batch; TP and PP: not doubled
+        assert run.steps[-1].tokens == single.tokens_per_step, name  # each step's, as a launched run's plots show
+        assert run.flops_per_step == pytest.approx(single.flops_per_step), name
+        # tokens/s: each group of ranks sharing rows counted once (the mean of its ranks), summed over the groups
+        assert run.tokens_per_s == pytest.approx(sum(r["tokens_per_s"] for r in run.per_rank) / shared), name
+        # MFU: the model's FLOPs for those tokens over both ranks' peaks, the mean of the ranks' own
+        assert run.mfu == pytest.approx(run.flops_per_step / run.tokens_per_step * run.tokens_per_s / 2e12), name
+        assert run.mfu == pytest.approx(sum(r["mfu"] for r in run.per_rank) / 2), name
+        assert f"tokens counted once per data-parallel group of {shared} rank(s)" in run.notes[-1], name
+        assert f"summed over {2 // shared} group(s)" in run.notes[-1], name
 
 
 def _fails_under_tensor_parallel(how: str):
@@ -289,6 +315,8 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
 def _two_d():
     dist.init_process_group("gloo")
     out = {model: train(config(model, {"fsdp": True, "tensor_parallel": 2})) for model in ("gpt", "Llama")}
+    run = scalekit.run(ladder_run({"fsdp": True, "tensor_parallel": 2}))  # 2 tensor-parallel pairs split the batch
+    out["counted"] = run.tokens_per_step, run.notes[-1]
     dist.destroy_process_group()
     return out
 
@@ -306,6 +334,10 @@ def test_a_2d_mesh_of_4_ranks_fsdp_over_2_tensor_parallel_pairs_trains_like_one_
             for name in ref_params:
                 torch.testing.assert_close(params[name], ref_params[name], atol=5e-5, rtol=1e-4,
                                            msg=lambda m, name=name, model=model: f"{model} {name}: {m}")
+    for out in outs:  # every token once: the batch's, not 4 ranks' worth
+        tokens, note = out["counted"]
+        assert tokens == BATCH * ladder_run().resolve(CPU).seq_len
+        assert "batch_size/2 per rank: tokens counted once per data-parallel group of 2 rank(s)" in note
     with pytest.raises(ConfigError, match=r"tensor_parallel degree 4 does not divide 6 ranks: .* mesh of shape "
                                           r"\(1, 6/4, 4\)"):
         mesh_shape({"tp": 4}, 6)

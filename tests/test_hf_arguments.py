@@ -116,6 +116,17 @@ def test_world_size_multiplies_the_per_device_batch_and_means_ddp():
     assert fsdp.toggles == {"cpu_offload": True, "fsdp": True} and fsdp.batch_size == 32
 
 
+def test_an_export_divides_the_batch_over_the_data_parallel_ranks_only():
+    # transformers' Trainer gives the ranks of a tensor-parallel group the same rows (world_size / tp_size shards)
+    per_device = [hf_args.per_device_batch(RunConfig(toggles=toggles, batch_size=8), world)
+                  for toggles, world in ((["ddp"], 2), ({"tensor_parallel": 2}, 2), ({"fsdp": True, "tensor_parallel": 2}, 4))]
+    assert per_device == [4, 8, 4]
+    assert "per_device_train_batch_size=8," in export_code(RunConfig(toggles={"tensor_parallel": 2}, batch_size=8),
+                                                           "hf", world_size=2)
+    with pytest.raises(ConfigError, match="batch_size=6 must be divisible by grad_accum × data-parallel ranks = 1 × 4"):
+        hf_args.per_device_batch(RunConfig(toggles={"fsdp": True, "tensor_parallel": 2}, batch_size=6), 8)
+
+
 def test_the_spellings_that_share_one_training_arguments_value_build_the_same_optimizer():
     from tests.test_memory_toggles import built
 

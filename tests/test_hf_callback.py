@@ -107,3 +107,13 @@ def test_tokens_are_counted_when_the_trainer_compiles_the_model(tmp_path):
     # the FLOP probe's global module hooks no longer make torch warn that a compiled module's hooks fire twice
     assert not [w for w in caught if "global hooks" in str(w.message)], [str(w.message) for w in caught]
     assert not [f for f in warnings.filters if "global hooks" in str(f[1])]  # and the user's filters are as they were
+
+
+def test_the_batch_recorded_counts_the_rows_a_tensor_parallel_group_shares_once():
+    from types import SimpleNamespace
+
+    from scalekit.hf.callback import _args_summary  # in the test: it imports transformers' TrainerCallback
+
+    args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=4)
+    assert _args_summary(args)["batch_size"] == 4 * 2 * 4  # every process its own rows
+    assert _args_summary(args, tp_size=2)["batch_size"] == 4 * 2 * 2  # 2 tensor-parallel pairs: 2 data-parallel ranks

@@ -30,7 +30,8 @@ from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in,
 from ..errors import ConfigError
 from ..models.blocks import is_own_model
 from ..optional import quiet_import
-from ..toggles import ORDER, TOGGLES, needs_process_group, plan_facts
+from ..parallel import mesh_shape
+from ..toggles import ORDER, TOGGLES, mesh_dims, needs_process_group, plan_facts
 from ..toggles.base import Spelling
 
 # TrainingArguments fields read for RunConfig's own fields (not toggles), with their defaults there
@@ -199,14 +200,19 @@ def runs_on_cpu(cfg: Any, switch: str) -> tuple[bool, str]:
 
 
 def per_device_batch(cfg: Any, world: int) -> int | None:
-    """The micro-batch one process takes: batch_size / (micro-batches × world); None when batch_size is not set."""
+    """The micro-batch one process takes: batch_size / (micro-batches × data-parallel ranks); None when batch_size
+    is not set.  The ranks of a tensor-parallel group take the same rows (transformers' Trainer shards the data
+    over world_size / tp_size), so only the data-parallel ranks divide the batch."""
     if cfg.batch_size is None:
         return None
     k = plan_facts(cfg.toggles, world).micro_batches
-    if cfg.batch_size % (k * world):
+    dims = mesh_dims(cfg.toggles)
+    dp = mesh_shape(dims, world)[1] if dims else world
+    if cfg.batch_size % (k * dp):
+        ranks = "world_size" if dp == world else "data-parallel ranks"
         raise ConfigError(f"export: RunConfig.batch_size={cfg.batch_size} must be divisible by grad_accum × "
-                          f"world_size = {k} × {world}: the per-device batch is a whole number")
-    return cfg.batch_size // (k * world)
+                          f"{ranks} = {k} × {dp}: the per-device batch is a whole number")
+    return cfg.batch_size // (k * dp)
 
 
 # -- out: RunConfig -> TrainingArguments keyword arguments ----------------------------------------------------

@@ -108,7 +108,8 @@ class ScalekitCallback(TrainerCallback):
         self.probe: Any = None
         self.counted_flops: float | None = self.flops_per_step
         self.hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
-        self.result = RunResult(label=self.label, config=_args_summary(args), device=self.hw.device_name,
+        self.result = RunResult(label=self.label, config=_args_summary(args, getattr(model, "tp_size", None) or 1),
+                                device=self.hw.device_name,
                                 torch_version=torch.__version__)
         self.meter = LoadMeter(self.device.type)
         self.restore = contextlib.ExitStack()  # torch's threads as they were, put back when the Trainer ends
@@ -214,12 +215,14 @@ class ScalekitCallback(TrainerCallback):
         self.first += len(times)
 
 
-def _args_summary(args) -> dict:
-    """The TrainingArguments that decide what a step does, for the result's config."""
+def _args_summary(args, tp_size: int = 1) -> dict:
+    """The TrainingArguments that decide what a step does, for the result's config (`tp_size`: the model's
+    tensor-parallel degree, whose ranks the Trainer gives the same rows)."""
     keys = (*training_defaults(), "max_steps")  # every field scalekit maps (the toggles', batch, lr, seed); the length
     summary = {k: _plain(getattr(args, k, None)) for k in keys}
-    # sequences per optimizer step over every process, as RunConfig.batch_size counts them
-    summary["batch_size"] = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    # sequences per optimizer step over every data-parallel process, as RunConfig.batch_size counts them
+    summary["batch_size"] = (args.per_device_train_batch_size * args.gradient_accumulation_steps
+                             * max(1, args.world_size // tp_size))
     return summary
 
 
