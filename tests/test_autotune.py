@@ -11,7 +11,7 @@ import pytest
 
 import scalekit
 from scalekit import ConfigError, RunConfig
-from scalekit.autotune import Measurement, SearchSpace, autotune, search
+from scalekit.autotune import Candidate, Measurement, SearchSpace, autotune, search
 from scalekit.autotune.search import MAX_ROUNDS, MIN_GAIN, MIN_ROUNDS, NothingFits
 from tests.helpers import CPU
 
@@ -88,6 +88,112 @@ def test_real_gains_are_kept_and_gains_within_noise_are_not():
     assert result.best_tokens_per_s == pytest.approx(1000 * 1.5 * 1.3)
 
 
+def true_tokens_per_s(machine, cfg) -> float:
+    """What the scripted machine says `cfg` runs at, without its noise."""
+    return machine.base_tps * machine.product(machine.speed, cfg) * \
+        machine.speed.get(f"batch_size={cfg.batch_size}", 1.0)
+
+
+def assert_no_measured_fitting_configuration_is_faster(result, machine, budget_bytes=None):
+    """The guarantee: nothing the search measured inside the budget runs faster than its winner (the scripted
+    machine's own speeds: these searches run without noise)."""
+    winner = true_tokens_per_s(machine, result.best)
+    for toggles in machine.measured:
+        cfg = dataclasses.replace(START, toggles=toggles)
+        if budget_bytes is None or machine.peak(cfg, machine.memory) <= budget_bytes:
+            assert true_tokens_per_s(machine, cfg) <= winner * (1 + MIN_GAIN), (toggles, result.best.toggles)
+
+
+def test_a_slow_toggle_chosen_beforehand_is_a_candidate_not_a_floor():
+    # bf16 at a third of the speed (a CPU without bf16 matmuls) chosen in the Lab before the search
+    machine = Machine(speed={"bf16": 0.3, "sdpa": 1.3, "fused_adamw": 1.2})
+    result = search(dataclasses.replace(START, toggles={"bf16": True, "sdpa": True}), machine.space(CHANGES[:3]))
+    c = by_label(result)
+    assert machine.measured[0] == {} and result.baseline.toggles == {}  # the baseline first, not the choice
+    assert result.notes[0].startswith("searching from the baseline: bf16 + sdpa, as given, is one candidate")
+    assert not c["as given (bf16 + sdpa)"].accepted and c["as given (bf16 + sdpa)"].reason.startswith("slower")
+    assert set(result.best.toggles) == {"sdpa", "fused_adamw"} and result.start.toggles == {"bf16": True, "sdpa": True}
+    assert result.speedup_vs_start.estimate == pytest.approx(1.3 * 1.2)
+    assert_no_measured_fitting_configuration_is_faster(result, machine)
+
+
+def test_a_choice_that_is_also_a_change_of_its_own_is_not_measured_twice():
+    machine = Machine(speed={"bf16": 0.5, "sdpa": 1.3})
+    result = search(dataclasses.replace(START, toggles={"bf16": True}), machine.space(CHANGES[:2]))
+    c = by_label(result)
+    assert c["bf16"].reason.startswith("measured already against this best (as given (bf16)): slower")
+    assert machine.measured.count({"bf16": True}) == MIN_ROUNDS and result.best.toggles == {"sdpa": True}
+
+
+def test_each_toggle_chosen_beforehand_is_switched_off_again_once_the_rest_is_settled():
+    # the choice as a whole beats the baseline (sdpa's gain hides fused AdamW's loss), so it is kept; then each of
+    # its toggles is tried switched off, and the slow one goes
+    machine = Machine(speed={"sdpa": 2.0, "fused_adamw": 0.8})
+    start = dataclasses.replace(START, toggles={"sdpa": True, "fused_adamw": True})
+    result = search(start, machine.space(CHANGES[:1]))
+    c = by_label(result)
+    assert c["as given (sdpa + fused_adamw)"].accepted and c["without fused_adamw"].accepted
+    assert not c["without sdpa"].accepted and result.best.toggles == {"sdpa": True}
+    assert [x.label for x in result.path] == ["as given (sdpa + fused_adamw)", "without fused_adamw"]
+    # asked to start from the choice itself, the search still switches the slow toggle off
+    given = search(start, Machine(speed={"sdpa": 2.0, "fused_adamw": 0.8}).space(CHANGES[:1]), from_baseline=False)
+    assert given.best.toggles == {"sdpa": True} and given.baseline.toggles == start.toggles
+
+
+def test_a_slow_choice_that_fits_the_budget_does_not_win_for_fitting_first():
+    # the case of issue 44: the baseline is over the budget; the Lab's choice (bf16 + sdpa) fits but runs at a tenth
+    # of the speed, and so does bf16 alone; checkpointing fits at 0.8×, and once it does, fused AdamW fits with it
+    machine = Machine(speed={"bf16": 0.1, "fused_adamw": 1.25, "checkpointing": 0.8},
+                      memory={"bf16": 0.6, "checkpointing": 0.5}, base_peak=300)
+    changes = [*CHANGES[:3], ("checkpointing", {"checkpointing": 1})]
+    result = search(dataclasses.replace(START, toggles={"bf16": True, "sdpa": True}), machine.space(changes),
+                    budget_bytes=200)
+    c = {x.label: x for x in result.candidates if x.label != "fused"}
+    assert c["as given (bf16 + sdpa)"].reason.startswith("fits the budget where the best does not, at 0.100×")
+    assert not c["bf16"].accepted and {"bf16": True} in machine.measured  # measured, and waited
+    assert c["crowned: checkpointing"].reason.startswith("the best does not fit the budget, and this is the fastest")
+    fused = [x for x in result.candidates if x.label == "fused"]
+    assert fused[0].reason.startswith("over budget") and fused[1].accepted  # tried again on the best that fits
+    assert result.best.toggles == {"checkpointing": 1, "fused_adamw": True}
+    assert result.speedup_vs_start.estimate == pytest.approx(0.8 * 1.25)
+    assert_no_measured_fitting_configuration_is_faster(result, machine, budget_bytes=200)
+
+
+def test_the_final_check_crowns_a_measured_configuration_faster_than_the_pick():
+    # a search whose greedy path ended on a slower configuration than one it measured (its intervals scripted):
+    # the check compares them through the links their chains do not share, and crowns the faster
+    from scalekit.autotune.search import Search, Standing, _crown
+    from scalekit.measure.stats import Interval
+
+    def link(label, estimate, accepted, log_se=0.01):
+        iv = Interval(estimate, estimate * 0.97, estimate * 1.03, rounds=3, log_se=log_se, df=2)
+        return dataclasses.replace(Candidate(label, {label: True}, 8, accepted=accepted), interval=iv)
+
+    a, b, b2 = link("bf16", 1.5, True), link("sdpa", 1.2, True), link("compile", 1.4, False)
+    base = START
+    cfg = {x: dataclasses.replace(START, toggles=t) for x, t in
+           (("a", {"bf16": True}), ("ab", {"bf16": True, "sdpa": True}), ("ac", {"bf16": True, "compile": True}))}
+    found = Search(start=base, best=cfg["ab"], best_tokens_per_s=1800.0, best_peak_bytes=100, candidates=[a, b, b2],
+                   baseline=base, steps=(a, b),
+                   standings=[Standing(base, "baseline", (), 1000.0, 100), Standing(cfg["a"], "bf16", (a,), 1500.0, 100),
+                              Standing(cfg["ab"], "sdpa", (a, b), 1800.0, 100),
+                              Standing(cfg["ac"], "compile", (a, b2), 2100.0, 100)])
+    _crown(found, None)
+    crowned = found.candidates[-1]
+    assert found.best is cfg["ac"] and found.steps == (a, b2) and crowned.label == "crowned: compile"
+    assert crowned.interval.estimate == pytest.approx(1.4 / 1.2) and crowned.interval.verdict == "faster"
+    assert "compile is faster than sdpa" in crowned.reason
+    # one faster beyond noise by less than the gain any change must bring (1.7%, its interval 1.010–1.023×) is
+    # not crowned: the search refused that gain as too small, and the check does not take it through the back door
+    tight_b, tight_c = link("sdpa", 1.2, True, log_se=0.001), link("compile", 1.22, False, log_se=0.001)
+    small = Search(start=base, best=cfg["ab"], best_tokens_per_s=1800.0, best_peak_bytes=100,
+                   candidates=[a, tight_b, tight_c], baseline=base, steps=(a, tight_b),
+                   standings=[Standing(cfg["ab"], "sdpa", (a, tight_b), 1800.0, 100),
+                              Standing(cfg["ac"], "compile", (a, tight_c), 1830.0, 100)])
+    _crown(small, None)
+    assert small.best is cfg["ab"] and not small.crowned
+
+
 def test_what_a_run_says_about_its_compile_reaches_the_candidates_reason():
     class EagerCompile(Machine):  # dynamo could not trace this model: compile ran it eagerly, at eager speed
         def measure(self, cfg):
@@ -160,7 +266,7 @@ def test_the_summary_quotes_the_best_as_measured_beside_the_last_candidate():
     sdpa = by_label(found)["sdpa"]
     assert not sdpa.accepted and found.best_tokens_per_s == sdpa.best_tokens_per_s
     summary = TuneResult(best=found.best, search=found, budget_bytes=None, run_steps=1000).summary()
-    assert f"{sdpa.best_tokens_per_s:,.0f} tokens/s when last measured" in summary and "1.50× the start's" in summary
+    assert f"{sdpa.best_tokens_per_s:,.0f} tokens/s when last measured" in summary and "1.50× the baseline's" in summary
 
 
 def test_each_candidate_is_measured_in_paired_rounds_with_the_order_alternating():
@@ -199,7 +305,10 @@ def test_never_returns_a_configuration_over_budget_when_measured():
 def test_a_start_over_budget_takes_memory_levers_and_nothing_fitting_is_an_error():
     machine = Machine(speed={"checkpointing": 0.8}, memory={"checkpointing": 0.5}, base_peak=300)
     result = search(START, machine.space([("checkpointing", {"checkpointing": 1})]), budget_bytes=200)
-    assert result.best.toggles == {"checkpointing": 1} and "brings the peak under" in result.candidates[0].reason
+    lever, crowned = result.candidates
+    assert lever.reason.startswith("fits the budget where the best does not") and not lever.accepted
+    assert result.best.toggles == {"checkpointing": 1} and crowned.label == "crowned: checkpointing"
+    assert crowned.reason.startswith("the best does not fit the budget, and this is the fastest")
     with pytest.raises(NothingFits, match="no configuration tried fits"):
         search(START, Machine(speed={}, base_peak=300).space(CHANGES[:1]), budget_bytes=200)
 
@@ -322,7 +431,8 @@ def test_stop_ends_the_search_and_a_cut_short_candidate_is_not_kept():
 
 @pytest.mark.parametrize("kwargs,words", [(dict(budget_bytes=0), "budget_bytes"),
                                           (dict(time_budget_s=-1), "time_budget_s"),
-                                          (dict(run_steps=2.5), "run_steps")])
+                                          (dict(run_steps=2.5), "run_steps"),
+                                          (dict(start="panel"), "start must be one of 'baseline', 'given'")])
 def test_bad_arguments_name_themselves(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         autotune(START, **kwargs)
@@ -448,6 +558,33 @@ def test_generation_autotune_keeps_real_gains_and_refuses_a_fast_change_that_los
     assert all(call.get("quantize") is None or call.get("kv_cache") for call in scripted.calls)  # on top of the best
     with pytest.raises(ConfigError, match="export writes training code"):
         result.export("hf")
+
+
+def test_generation_autotune_starts_from_the_baseline_and_drops_a_slow_choice(monkeypatch):
+    from scalekit.autotune import generation
+    from scalekit.inference import GenerateConfig
+
+    scripted = ScriptedGeneration(speed={"kv_cache": 3.0, "bf16": 0.5}, agreement={})
+    monkeypatch.setattr(generation, "generate", scripted)
+    result = autotune(GenerateConfig(prompts="ROMEO:", max_new_tokens=40, device="cpu", toggles={"bf16": True}),
+                      time_budget_s=600, run_steps=10_000, hw=CPU)
+    assert scripted.calls[0] == {} and "bf16" not in result.best.toggles and "kv_cache" in result.best.toggles
+    assert result.search.candidates[0].label == "as given (bf16)" and not result.search.candidates[0].accepted
+    assert result.finding().startswith("the winner (kv_cache=dynamic") and "faster than the baseline" in result.finding()
+
+
+def test_the_real_winner_is_not_slower_than_what_it_measured():
+    # the real machine, cheaply: a choice of 8 micro-batches of one row each against the baseline, and nothing else
+    from scalekit.autotune import machine_space
+    from scalekit.autotune.search import _ratio, _standing
+
+    start = dataclasses.replace(START, toggles={"grad_accum": 8}, steps=6, warmup_steps=1, measure_memory=False)
+    space = dataclasses.replace(machine_space(start, CPU), changes=[])
+    found = search(start.resolve(CPU), space, time_budget_s=60)
+    assert found.baseline.toggles == {} and found.candidates[0].label == "as given (grad_accum=8)"
+    winner = _standing(found)
+    assert winner is not None and all(
+        scalekit.measure.stats.verdict(_ratio(s, winner), 1 + MIN_GAIN) != "faster" for s in found.standings)
 
 
 def test_generation_autotune_names_bad_arguments():

@@ -41,31 +41,36 @@ __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", 
 
 def autotune(config: RunConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
              run_steps: int = 1000, steps: int = 8, warmup_steps: int = 2, stop=None, on_candidate=None,
-             hw=None, on_note=None) -> TuneResult:
+             hw=None, on_note=None, start: str = "baseline") -> TuneResult:
     """The fastest configuration found for `config`'s model on this machine whose measured peak fits
     `budget_bytes` (None: no budget), searching at most `time_budget_s` seconds.  A GenerateConfig is tuned for
     generation instead (autotune.generation: decode tokens/s, quality kept; run_steps is then the tokens the
     real workload generates).  `run_steps` is the length
     of the real run planned: one-off costs (compile time) must pay for themselves over it.  Each candidate
     is measured for `steps` steps after `warmup_steps`, against the best so far in paired rounds.
-    `on_note(text)` hears what the search says before it starts."""
+    `on_note(text)` hears what the search says before it starts.  `start="baseline"` (the default) searches
+    from `config` with no toggle on, trying its toggles as one candidate and, if they are kept, each switched off
+    again once the rest is settled; `start="given"` searches from `config` as it is (its toggles can still be
+    switched off)."""
     from ..inference import GenerateConfig
 
     if isinstance(config, GenerateConfig):  # generation: the inference toggles, decode tokens/s, quality kept
         from .generation import autotune_generation
 
         return autotune_generation(config, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
-                                   run_tokens=run_steps, stop=stop, on_candidate=on_candidate, hw=hw, on_note=on_note)
+                                   run_tokens=run_steps, stop=stop, on_candidate=on_candidate, hw=hw, on_note=on_note,
+                                   start=start)
     if not isinstance(config, RunConfig):
         raise ConfigError(f"autotune takes a RunConfig (training) or a GenerateConfig (generation), got "
                           f"{type(config).__name__}")
-    check_arguments(budget_bytes, time_budget_s, run_steps, steps)
+    check_arguments(budget_bytes, time_budget_s, run_steps, steps, start)
     hw = hw or detect(config.device)
     stop = Deadline(time_budget_s, stop)  # a measurement under way ends before the budget runs out
     base = dataclasses.replace(config, steps=steps, warmup_steps=warmup_steps, label=None)
     space = machine_space(base, hw, stop)
     found = search(base.resolve(hw), space, budget_bytes=budget_bytes, time_budget_s=time_budget_s,
-                   run_steps=run_steps, stop=stop, on_candidate=on_candidate, on_note=on_note)
+                   run_steps=run_steps, stop=stop, on_candidate=on_candidate, on_note=on_note,
+                   from_baseline=start == "baseline")
     best = dataclasses.replace(found.best, steps=config.steps, warmup_steps=config.warmup_steps, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_steps)
 

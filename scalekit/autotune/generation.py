@@ -7,8 +7,10 @@ decoding (draft model, prompt lookup), whose floor is equality: any greedy token
 costs (compiling the decode step) are weighed against `run_tokens`, the tokens the real workload generates.
 A change that makes the output worse than `min_agreement` (the share of held-out positions whose greedy
 token equals the unmodified model's) is refused, however fast: quantization and bf16 are judged on quality
-before speed.  No planner prunes generation candidates (scalekit's planner is for training steps); a
-measured peak over `budget_bytes` is refused as in training.
+before speed.  As in training, the search starts from no toggle on, the configuration's own toggles a candidate
+(see autotune.search), and its winner is checked against every configuration it measured.  No planner prunes
+generation candidates (scalekit's planner is for training steps); a measured peak over `budget_bytes` is refused
+as in training.
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ def _refusal(r, min_agreement: float, exact: bool = False) -> str | None:
 
 def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None, time_budget_s: float = 300.0,
                         run_tokens: int = 10_000, min_agreement: float = MIN_AGREEMENT, max_new_tokens: int = 64,
-                        stop=None, on_candidate=None, hw=None, on_note=None):
+                        stop=None, on_candidate=None, hw=None, on_note=None, start: str = "baseline"):
     """The fastest generation configuration found for `config` (see the module docstring).  Each candidate
-    generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length."""
-    check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens)
+    generates `max_new_tokens` per measurement; the configuration returned keeps `config`'s own length.  `start`:
+    as autotune's (from no toggle on, `config`'s toggles a candidate; or "given": from `config` as it is)."""
+    check_arguments(budget_bytes, time_budget_s, run_tokens, max_new_tokens, start)
     if isinstance(min_agreement, bool) or not isinstance(min_agreement, (int, float)) or not 0 <= min_agreement <= 1:
         raise ConfigError(f"autotune: min_agreement must be a share from 0 to 1, got {min_agreement!r}")
     hw = hw or detect(config.device, "GenerateConfig")
@@ -93,6 +96,6 @@ def autotune_generation(config: GenerateConfig, budget_bytes: int | None = None,
     base = dataclasses.replace(config, max_new_tokens=min(max_new_tokens, fits), quality=True, label=None)
     found = search(base.resolve(hw), generation_space(base, hw, min_agreement, stop), budget_bytes=budget_bytes,
                    time_budget_s=time_budget_s, run_steps=run_tokens, stop=stop, on_candidate=on_candidate,
-                   on_note=on_note)
+                   on_note=on_note, from_baseline=start == "baseline")
     best = dataclasses.replace(found.best, max_new_tokens=config.max_new_tokens, quality=config.quality, label=None)
     return TuneResult(best=best, search=found, budget_bytes=budget_bytes, run_steps=run_tokens)

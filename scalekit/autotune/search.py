@@ -1,6 +1,8 @@
 """The search autotune runs, apart from how a configuration is measured (so tests can script the machine).
 
-Greedy and honest: start from the user's configuration; try one change at a time, in the order a
+Greedy and honest: start from the baseline (the user's configuration with no toggle on); try the toggles the
+user chose as one candidate (a choice is a candidate, not a floor: kept only if it beats the baseline, and each
+of its toggles tried switched off again at the end); try one change at a time, in the order a
 practitioner would (what each toggle is for: precision, kernels, shapes, the optimizer, compile, the
 data pipeline, then batch size); drop a candidate that cannot run here, cannot go with what is already on,
 or that the planner says cannot fit the memory budget, before spending any time on it; measure every other
@@ -17,11 +19,21 @@ The time budget is kept: a measurement is started only when what this machine ha
 fits in what is left, and a run under way stops at its next step when the budget ends.  The one thing no
 stop flag can cut short is a compilation: a change declared uninterruptible is budgeted from the first one
 seen, and the search says at its start that that first one may run past the budget.
+
+The winner is checked against every configuration measured that fits the memory budget.  Each measured
+configuration is linked to the baseline by a chain of paired intervals (each change measured against the best of
+its time); two configurations compare through the links their chains do not share, multiplied (`product`).  One
+that is faster than the winner beyond noise, and by more than MIN_GAIN (what any change must gain to be kept),
+is crowned instead (`verdict`), and the table gains a row saying so.  While the best is over the memory budget, a
+candidate that fits is kept at once only when it is also faster; one that fits but is not waits, and once every
+change has been tried the fastest that fits is crowned (the first thing that fits is not the winner merely for
+being first), and the changes refused for the memory of the best that did not fit are tried again on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,13 +41,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import NothingFits
-from ..measure.stats import LEVEL, Interval, product, speedup_interval
+from ..measure.stats import LEVEL, Interval, product, sentence, speedup_interval, verdict
 
 MIN_GAIN = 0.02  # a change must be at least 2% faster to be kept, whatever the noise
 MIN_ROUNDS = 3  # paired rounds before the first look (best first, candidate first, best first)
 MAX_ROUNDS = 6  # the second and last look, for a candidate whose interval still straddled 1 + MIN_GAIN
 LOOK_LEVEL = 1 - (1 - LEVEL) / 2  # each of the two looks' level: 95% over both
 DEADLINE_MARGIN = 0.05  # a measurement under way is stopped this share of the time budget before its end
+CROWNED = "crowned: "  # the label of the row that says the final check chose another configuration
 
 
 @dataclass
@@ -101,10 +114,27 @@ class Candidate:
 
 
 @dataclass
+class Standing:
+    """A configuration the search measured, and the candidates whose paired intervals chain it to the baseline
+    (each measured against the best of its time; none for the baseline itself)."""
+
+    config: Any
+    label: str  # how the search reached it: "baseline" or the candidate's label
+    steps: tuple[Candidate, ...]
+    tokens_per_s: float | None
+    peak_bytes: int | None
+
+    @property
+    def estimate(self) -> float:
+        """Its speed-up over the baseline (the chain's estimates multiplied)."""
+        return math.prod(c.interval.estimate for c in self.steps)
+
+
+@dataclass
 class Search:
     """The search's outcome: the chosen configuration, the path to it and every candidate."""
 
-    start: Any  # the RunConfig it began from
+    start: Any  # the RunConfig it was handed
     best: Any  # the RunConfig chosen
     best_tokens_per_s: float | None
     best_peak_bytes: int | None
@@ -112,15 +142,25 @@ class Search:
     elapsed_s: float = 0.0
     stopped: str = ""  # why it stopped early, if it did ("time budget", "stopped")
     notes: list[str] = field(default_factory=list)
+    baseline: Any = None  # the configuration measured first, that every speed-up is chained to
+    steps: tuple[Candidate, ...] = ()  # the candidates that chain the best to the baseline
+    standings: list[Standing] = field(default_factory=list)  # every configuration measured, in order
 
     @property
     def speedup_vs_start(self) -> Interval | None:
-        """The best's speed-up over the start: the kept changes' paired speed-ups multiplied (None: none kept)."""
-        return product([c.interval for c in self.path if c.interval is not None])
+        """The best's speed-up over the baseline: the paired speed-ups of its chain multiplied (None: it is the
+        baseline)."""
+        return product([c.interval for c in self.steps])
 
     @property
     def path(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.accepted]
+        """The changes that make the best, in the order they were measured."""
+        return list(self.steps)
+
+    @property
+    def crowned(self) -> list[Candidate]:
+        """The rows where the final check chose a configuration the greedy path had not."""
+        return [c for c in self.candidates if c.label.startswith(CROWNED)]
 
     @property
     def rejected(self) -> list[Candidate]:
@@ -182,35 +222,36 @@ def config_key(cfg) -> tuple:
 
 
 def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budget_s: float = 300.0,
-           run_steps: int = 1000, stop=None, on_candidate=None, clock=time.monotonic, on_note=None) -> Search:
-    """Greedy search from `start` (a RunConfig) over `space`; see the module docstring.  `on_note(text)` hears
-    what the search says before it starts (and result.notes keeps it)."""
+           run_steps: int = 1000, stop=None, on_candidate=None, clock=time.monotonic, on_note=None,
+           from_baseline: bool = True) -> Search:
+    """Greedy search over `space` from the baseline (`start` with no toggle on; `from_baseline=False`: from
+    `start` itself), `start`'s toggles tried as one candidate and then switched off one by one; see the module
+    docstring.  `on_note(text)` hears what the search says before it starts (and result.notes keeps it)."""
     budget = Budget(clock, time_budget_s, getattr(stop, "started", None))
-    result = Search(start=start, best=start, best_tokens_per_s=None, best_peak_bytes=None)
+    origin = dataclasses.replace(start, toggles={}) if from_baseline and start.toggles else start
+    result = Search(start=start, best=origin, best_tokens_per_s=None, best_peak_bytes=None, baseline=origin)
     _say_uninterruptible(result, space, time_budget_s, on_note)
-    first = budget.measure(space, start)
+    _say_given(result, on_note)
+    first = budget.measure(space, origin)
     if stop is not None and stop.is_set():
+        result.best = start  # nothing measured: what was handed comes back unchanged
         result.stopped, result.elapsed_s = "stopped", budget.elapsed()
         return result
     if first.failed:
         raise RuntimeError(f"the starting configuration does not run: {first.failed}")
     result.best_tokens_per_s, result.best_peak_bytes = first.tokens_per_s, first.peak_bytes
+    result.standings.append(Standing(origin, origin.describe(), (), first.tokens_per_s, first.peak_bytes))
     if budget_bytes is not None and first.peak_bytes is not None and first.peak_bytes > budget_bytes:
         result.notes.append(f"the starting configuration's measured peak ({first.peak_bytes / 2**20:.1f} MiB) is over "
                             f"the budget ({budget_bytes / 2**20:.1f} MiB): only changes that bring it under are kept")
-
-    def attempts():
-        yield from space.changes
-        # larger batches, for whatever configuration is best once the toggles are settled
-        yield from ((f"batch_size={b}", {"batch_size": b}) for b in space.batch_sizes(result.best, budget_bytes))
-
+    changes = [*_as_given(start, origin), *space.changes]
     left_out = 0  # candidates not tried because their rounds would have ended past the budget
-    for i, (label, change) in enumerate(attempts()):
+    for i, (label, change) in enumerate(_attempts(result, space, changes, budget_bytes, on_candidate)):
         if _out_of_time(result, budget, stop, 0.0):
             break
         candidate = _candidate(result.best, label, change)
         # rounds beyond the first MIN_ROUNDS leave the changes still to come time for theirs
-        budget.reserve_s = _likely_measured(space, space.changes[i + 1:]) * MIN_ROUNDS * 2 * \
+        budget.reserve_s = _likely_measured(space, changes[i + 1:]) * MIN_ROUNDS * 2 * \
             budget.expected_s(result.best, result.best, False)
         left_out += _try(candidate, label, space, result, budget, stop, budget_bytes, run_steps)
         result.candidates.append(candidate)
@@ -220,12 +261,44 @@ def search(start, space: SearchSpace, budget_bytes: int | None = None, time_budg
             break
     if left_out and not result.stopped:
         result.stopped = f"time budget ({time_budget_s:g} s): {left_out} candidate(s) not tried"
+    _crown(result, budget_bytes, on_candidate)
     result.elapsed_s = budget.elapsed()
     _say_overrun(result, space, time_budget_s)
     if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
         raise NothingFits(f"no configuration tried fits {budget_bytes / 2**20:.1f} MiB: the best measured peak is "
                           f"{result.best_peak_bytes / 2**20:.1f} MiB", result)
     return result
+
+
+def _as_given(start, origin) -> list[tuple[str, dict]]:
+    """The toggles the user chose, as the first candidate against the baseline (none when the search starts
+    from them, or they chose none)."""
+    if origin is start:
+        return []
+    return [(f"as given ({start.describe()})", dict(start.toggles))]
+
+
+def _attempts(result: Search, space: SearchSpace, changes, budget_bytes, on_candidate):
+    """The changes in the order they are tried; then, once the toggles are settled (and the fastest
+    configuration that fits crowned, if the best does not), larger batches and the chosen toggles switched off."""
+    yield from changes
+    over = _over_budget(result.best_peak_bytes, budget_bytes)
+    _crown(result, budget_bytes, on_candidate)
+    if over and result.crowned:  # the best fits now: what was refused for the memory of one that did not, again
+        refused = {c.label for c in result.candidates if c.reason.startswith("over budget")}
+        yield from ((label, change) for label, change in changes if label in refused and label not in space.memory_only)
+    # larger batches, for whatever configuration is best once the toggles are settled
+    yield from ((f"batch_size={b}", {"batch_size": b}) for b in space.batch_sizes(result.best, budget_bytes))
+    # what the user chose and the best still has: is each of those toggles worth having, with all else settled?
+    for name, value in result.start.toggles.items():
+        toggles = {k: v for k, v in result.best.toggles.items() if k != name}
+        if result.best.toggles.get(name) == value and not _was_measured(result, toggles, result.best):
+            yield f"without {name}", {name: False}
+
+
+def _was_measured(result: Search, toggles: dict, like) -> bool:
+    key = config_key(dataclasses.replace(like, toggles=toggles, label=None))
+    return any(config_key(s.config) == key for s in result.standings)
 
 
 def _likely_measured(space: SearchSpace, changes) -> int:
@@ -249,12 +322,25 @@ def _say_uninterruptible(result: Search, space: SearchSpace, time_budget_s: floa
         on_note(note)
 
 
+def _say_given(result: Search, on_note) -> None:
+    """What becomes of the toggles the search was handed, said before it starts."""
+    given = result.start.toggles
+    if not given:
+        return
+    how = (f"searching from the baseline: {result.start.describe()}, as given, is one candidate against it"
+           if result.baseline is not result.start else f"searching from {result.start.describe()} as given")
+    note = f"{how}; each of its toggles the winner keeps is tried switched off once the rest is settled"
+    result.notes.append(note)
+    if on_note is not None:
+        on_note(note)
+
+
 def _say_overrun(result: Search, space: SearchSpace, time_budget_s: float) -> None:
     """A search that ended past its budget says by how much, and what ran on (a compilation under way)."""
     over_s = result.elapsed_s - time_budget_s
     if over_s <= 0:
         return
-    last = result.candidates[-1].label if result.candidates else ""
+    last = next((c.label for c in reversed(result.candidates) if not c.label.startswith(CROWNED)), "")
     why = f"{last}'s compilation, which cannot be stopped part-way, ran on" if last in space.uninterruptible else \
         "the run under way finished its step and its clean-up"
     result.notes.append(f"ended {over_s:.0f} s past the {time_budget_s:g} s budget: {why}")
@@ -273,7 +359,7 @@ def _try(c: Candidate, label: str, space: SearchSpace, result: Search, budget: B
     if _pruned(c, space, result.best):
         return False
     cfg = _configured(c, result.best)
-    if _over_plan(c, cfg, space, budget_bytes):
+    if _over_plan(c, cfg, space, budget_bytes) or _measured_already(c, cfg, result):
         return False
     pair_s = budget.expected_s(cfg, result.best, label in space.uninterruptible) + \
         budget.expected_s(result.best, result.best, False)
@@ -281,11 +367,12 @@ def _try(c: Candidate, label: str, space: SearchSpace, result: Search, budget: B
         c.reason = (f"not tried: its {MIN_ROUNDS} rounds (≈{MIN_ROUNDS * pair_s:.0f} s here) would not end inside "
                     f"the time budget ({budget.budget_s - budget.elapsed():.0f} s left)")
         return True
-    before = result.best, result.best_tokens_per_s, result.best_peak_bytes
+    before = result.best, result.best_tokens_per_s, result.best_peak_bytes, result.steps, len(result.standings)
     result.best = _measured(c, cfg, result, space, budget, stop, budget_bytes, run_steps,
                             label in space.uninterruptible)
     if stop is not None and stop.is_set():  # its runs were cut short: not a measurement
-        result.best, result.best_tokens_per_s, result.best_peak_bytes = before
+        result.best, result.best_tokens_per_s, result.best_peak_bytes, result.steps, kept = before
+        del result.standings[kept:]
         result.stopped = getattr(stop, "why", "stopped")
         c.accepted, c.reason, c.interval = False, f"{result.stopped} during its measurement", None
     return False
@@ -332,6 +419,17 @@ def _pruned(c: Candidate, space: SearchSpace, best) -> bool:
         c.reason = "already on"
         return True
     return False
+
+
+def _measured_already(c: Candidate, cfg, result: Search) -> bool:
+    """The same configuration was measured against the same best (the toggles given, one of which is also a
+    change of its own): its rounds decided once, and another look would only be a second chance (True: refused)."""
+    key = config_key(cfg)
+    earlier = next((s for s in result.standings if config_key(s.config) == key and s.steps and
+                    _same(s.steps[:-1], result.steps)), None)
+    if earlier is not None:
+        c.reason = f"measured already against this best ({earlier.label}): {earlier.steps[-1].reason}"
+    return earlier is not None
 
 
 def _over_plan(c: Candidate, cfg, space: SearchSpace, budget_bytes) -> bool:
@@ -384,7 +482,11 @@ def _measured(c: Candidate, cfg, result: Search, space: SearchSpace, budget: Bud
 
 
 def _over(m: Measurement, budget_bytes) -> bool:
-    return budget_bytes is not None and m.peak_bytes is not None and m.peak_bytes > budget_bytes
+    return _over_budget(m.peak_bytes, budget_bytes)
+
+
+def _over_budget(peak_bytes: int | None, budget_bytes: int | None) -> bool:
+    return budget_bytes is not None and peak_bytes is not None and peak_bytes > budget_bytes
 
 
 def _decided(interval: Interval) -> bool:
@@ -410,25 +512,21 @@ def _judge(c: Candidate, cfg, mine: list[Measurement], theirs: list[Measurement]
     if budget_bytes is not None and c.peak_bytes is not None and c.peak_bytes > budget_bytes:
         c.reason = f"over budget when measured: {c.peak_bytes / 2**20:.1f} MiB > {budget_bytes / 2**20:.1f} MiB"
         return best
+    if c.interval is not None:  # measured, in full or not: the final check weighs it (the best's chain, then it)
+        result.standings.append(Standing(cfg, c.label, (*result.steps, c), c.tokens_per_s, c.peak_bytes))
     if len(mine) < MIN_ROUNDS:
         c.reason = f"not measured: the time budget left no room for its {MIN_ROUNDS} rounds"
         return best
-    if budget_bytes is not None and result.best_peak_bytes is not None and result.best_peak_bytes > budget_bytes:
-        return _accept(c, cfg, result, "brings the peak under the budget")  # anything that fits beats a best that does not
     iv, bar = c.interval, 1 + MIN_GAIN
     figures = f"{iv.estimate:.3f}× ({iv.low:.3f}–{iv.high:.3f}× at {100 * iv.level:.0f}%, {iv.rounds} rounds)"
     if iv.low <= bar:
-        word = "slower" if iv.high < 1 else "too small a gain" if iv.high < bar else "within noise"
-        cut = "" if _decided(iv) or iv.rounds >= MAX_ROUNDS else \
-            " (the time budget left no room for more rounds beside the changes still to try)"
-        if word == "within noise" and iv.estimate <= bar:
-            cut = " (its estimate is not above that: more rounds would not make it a gain worth having)"
-        c.reason = f"{word}: {figures}; kept only above {bar:.2f}×{cut}"
+        c.reason = _not_kept(iv, figures, _over_budget(result.best_peak_bytes, budget_bytes))
         return best
     base_step_s = statistics.median(m.step_ms for m in theirs) / 1e3 if all(m.step_ms for m in theirs) else None
     if c.compile_s and base_step_s:
         saved = run_steps * base_step_s * (1 - 1 / iv.estimate)
         if saved <= c.compile_s:
+            del result.standings[-1]  # faster per step at a cost this run cannot repay: no rival at the final check
             c.reason = (f"{iv.estimate:.2f}× faster per step, but over run_steps={run_steps} it saves {saved:.1f} s "
                         f"and costs {c.compile_s:.1f} s up front: not worth it for a run this short")
             return best
@@ -437,7 +535,85 @@ def _judge(c: Candidate, cfg, mine: list[Measurement], theirs: list[Measurement]
     return _accept(c, cfg, result, f"faster: {figures}")
 
 
+def _not_kept(iv: Interval, figures: str, best_over_budget: bool) -> str:
+    """Why a candidate whose interval does not clear 1 + MIN_GAIN is not kept, in words."""
+    bar = 1 + MIN_GAIN
+    if best_over_budget:  # it fits where the best does not: the fastest that fits is crowned once all are tried
+        return (f"fits the budget where the best does not, at {figures} the best's speed: crowned once every "
+                f"change is tried if it is the fastest that fits")
+    word = "slower" if iv.high < 1 else "too small a gain" if iv.high < bar else "within noise"
+    cut = "" if _decided(iv) or iv.rounds >= MAX_ROUNDS else \
+        " (the time budget left no room for more rounds beside the changes still to try)"
+    if word == "within noise" and iv.estimate <= bar:
+        cut = " (its estimate is not above that: more rounds would not make it a gain worth having)"
+    return f"{word}: {figures}; kept only above {bar:.2f}×{cut}"
+
+
 def _accept(c: Candidate, cfg, result: Search, reason: str):
     c.accepted, c.reason = True, reason
     result.best_tokens_per_s, result.best_peak_bytes = c.tokens_per_s, c.peak_bytes
+    result.steps = (*result.steps, c)
     return cfg
+
+
+# -- the final check -----------------------------------------------------------------------------------------
+def _crown(result: Search, budget_bytes, on_candidate=None) -> None:
+    """Check the best against every configuration measured that fits the budget, and crown one that is faster
+    beyond noise (the fastest such), until none is; while the best does not fit, the fastest that does."""
+    fitting = [s for s in result.standings if not _over_budget(s.peak_bytes, budget_bytes)]
+    while fitting:
+        current = _standing(result)
+        if current is None:  # the best's own rounds were cut short: nothing measured to check against
+            return
+        if _over_budget(current.peak_bytes, budget_bytes):
+            rival = max(fitting, key=lambda s: s.estimate)
+            why = "the best does not fit the budget, and this is the fastest configuration measured that does"
+        else:
+            # beyond noise, and by the gain the search asks of any change (a 1% gain it refused is not
+            # crowned through the back door)
+            faster = [s for s in fitting if s is not current and verdict(_ratio(s, current), 1 + MIN_GAIN) == "faster"]
+            if not faster:
+                return
+            rival = max(faster, key=lambda s: s.estimate)
+            why = f"faster than the search's pick beyond noise and by more than {MIN_GAIN:.0%}"
+        _crown_one(result, rival, current, why, on_candidate)
+
+
+def _crown_one(result: Search, rival: Standing, current: Standing, why: str, on_candidate) -> None:
+    iv = _ratio(rival, current)
+    said = sentence(rival.label, iv, current.label) if iv else f"{rival.label} against {current.label}"
+    row = Candidate(label=f"{CROWNED}{rival.label}", toggles=dict(rival.config.toggles),
+                    batch_size=getattr(rival.config, "batch_size", None), accepted=True, interval=iv,
+                    reason=f"{why}: {said}, through the rounds that link them", tokens_per_s=rival.tokens_per_s,
+                    best_tokens_per_s=current.tokens_per_s, peak_bytes=rival.peak_bytes)
+    result.best, result.steps = rival.config, rival.steps
+    result.best_tokens_per_s, result.best_peak_bytes = rival.tokens_per_s, rival.peak_bytes
+    result.candidates.append(row)
+    if on_candidate is not None:
+        on_candidate(row, result)
+
+
+def _standing(result: Search) -> Standing | None:
+    """The best's own standing (the latest measured, for a configuration measured more than once)."""
+    key = config_key(result.best)
+    return next((s for s in reversed(result.standings) if config_key(s.config) == key and _same(s.steps, result.steps)),
+                None)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _ratio(a: Standing, b: Standing) -> Interval | None:
+    """`a`'s speed-up over `b`: the links of a's chain that b's lacks, multiplied, over b's that a's lacks
+    (the links they share cancel; None: the same chain)."""
+    shared = 0
+    while shared < min(len(a.steps), len(b.steps)) and a.steps[shared] is b.steps[shared]:
+        shared += 1
+    links = [c.interval for c in a.steps[shared:]] + [_inverse(c.interval) for c in b.steps[shared:]]
+    return product(links)
+
+
+def _inverse(iv: Interval) -> Interval:
+    """The interval of 1 / the ratio: the old over the new, measured in the same rounds."""
+    return dataclasses.replace(iv, estimate=1 / iv.estimate, low=1 / iv.high, high=1 / iv.low)

@@ -90,7 +90,7 @@ class Lab(Runner):
         self._make_controls(steps)
         self._make_views()
         self._connect()
-        self.tune = TuneControls(self)  # "Find the fastest": autotune from the panel's selection
+        self.tune = TuneControls(self)  # "Find the fastest": autotune, the panel's selection a candidate
         self.widget = self._layout()
 
     def _make_controls(self, steps: int) -> None:
@@ -164,8 +164,9 @@ class Lab(Runner):
 
     def find_fastest(self, budget_mb: float | None = None, time_budget_s: float | None = None,
                      run_steps: int = 1000) -> bool:
-        """What "Find the fastest" does: autotune from the current selection in the background (see
-        Lab.tune.result); when it is done the panel shows the winner.  Stop ends the search within one step."""
+        """What "Find the fastest" does: autotune in the background from the baseline, the current selection its
+        first candidate (see Lab.tune.result); when it is done the panel shows the winner.  Stop ends the search
+        within one step."""
         return self.tune.start(budget_mb, time_budget_s, run_steps)
 
     # -- the training parts of a run -------------------------------------------------------------------

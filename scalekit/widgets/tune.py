@@ -63,7 +63,8 @@ class TuneControls:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, budget_mb: float | None = None, time_budget_s: float | None = None, run_steps: int = 1000) -> bool:
-        """Search from the panel's current selection; False if a run or a search is already going."""
+        """Search from the baseline, the panel's current selection its first candidate (one it may switch off);
+        False if a run or a search is already going."""
         lab = self.lab
         if lab.running or self.running:
             return False
