@@ -113,10 +113,11 @@ GENERATION_COLUMNS = ("decode_ms", "kv_cache_mb", "perplexity")
 def table(results: list, columns=None, reference: dict | None = None, reference_name: str = "public figure",
           digits: int = 3):
     """A Before/After table a reader can take in: one row per run, the speed-up as 'est× (low–high)' with its
-    verdict (faster / slower / within noise), the chosen `columns` of `compare()` (or `compare_generations()`
-    for generations), rounded to `digits` significant figures, and a public figure in a column beside its row
-    (`reference`: run label → text or number; `reference_name` heads the column).  At most 8 columns, nothing
-    truncated; a note (why two runs cannot be compared, a busy machine) is kept when any row has one."""
+    verdict (faster / slower / within noise / unreliable (machine busy)), the chosen `columns` of `compare()`
+    (or `compare_generations()` for generations), rounded to `digits` significant figures, and a public figure
+    in a column beside its row (`reference`: run label → text or number; `reference_name` heads the column).  At
+    most 8 columns, nothing truncated; a note (why two runs cannot be compared, a busy machine) is kept when any
+    row has one."""
     import pandas as pd
 
     generation = bool(results) and isinstance(results[0], GenerateResult)
@@ -201,8 +202,9 @@ def before_after(results: list[RunResult], reference_ms: dict[str, float] | None
 
 def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateResult) -> str:
     """What `result` measured against `baseline`, in the words its interval allows: '<result> is faster than
-    <baseline>: 1.32× (1.21–1.44× at 95%, 3 rounds)', '... slower than ...', or '... within noise of ...'
-    (scalekit.measure.stats.sentence); runs that cannot be compared say why."""
+    <baseline>: 1.32× (1.21–1.44× at 95%, 3 rounds)', '... slower than ...', '... within noise of ...', or for
+    one run each with the machine busy during either, '<result> against <baseline>: unreliable (machine busy),
+    ...' (scalekit.measure.stats.sentence); runs that cannot be compared say why."""
     speedup = generation_speedup if isinstance(result, GenerateResult) else speedup_over
     interval, why = speedup(baseline, result)
     text = sentence(result.label, interval, baseline.label)

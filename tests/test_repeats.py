@@ -3,6 +3,7 @@ load recorded and said, and only like compared with like."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -96,22 +97,58 @@ def test_threads_are_pinned_for_the_run_recorded_and_restored(no_collection):
         scalekit.GenerateConfig(threads="2")
 
 
-def test_another_process_busy_beside_a_run_is_recorded_and_said():
-    # a busy loop that is not this process's child (the shell that started it has exited): another process
-    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                           capture_output=True, text=True, timeout=10)
-    pid = int(shell.stdout.strip())
+@contextlib.contextmanager
+def busy_loops(count: int = 1):
+    """`count` busy loops that are not this process's children (the shell that started each has exited): other
+    processes, as the load meter counts them, each spinning on a core until the block ends."""
+    pids = []
     try:
+        for _ in range(count):
+            shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                                   capture_output=True, text=True, timeout=10)
+            pids.append(int(shell.stdout.strip()))
+        yield
+    finally:
+        for pid in pids:
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+
+
+def test_another_process_busy_beside_a_run_is_recorded_and_said():
+    with busy_loops():
         meter = LoadMeter()
         time.sleep(1.0)
         seen = meter.read()
-    finally:
-        subprocess.run(["kill", "-9", str(pid)], check=False)
     assert seen.other_cpu_cores >= 0.6 and seen.cores >= 1
     busy = MachineLoad(other_cpu_cores=1.5, cores=2, wall_s=3.0)
     assert busy.busy and busy.note == "the machine was busy (other processes used 1.5 of 2 cores): timings unreliable"
     assert not MachineLoad(other_cpu_cores=0.3, cores=2, wall_s=3.0).busy
     assert not MachineLoad(other_cpu_cores=3.0, cores=16, wall_s=3.0).busy  # a quarter of the machine at most
+
+
+def sleepy_config(label: str, step_s: float = 0.03) -> RunConfig:
+    """A run whose steps mostly wait (the load meter needs a run of MIN_WALL_S or more to say anything)."""
+    def loss(model, batch):
+        time.sleep(step_s)
+        return model(batch).square().mean()
+
+    return RunConfig(**{**QUICK, "preset": "auto", "steps": 8}, threads=1, model=lambda: torch.nn.Linear(1, 1),
+                     batch_size=1, batch_fn=lambda b, d: torch.ones(b, 1), loss_fn=loss, label=label)
+
+
+def test_beside_a_real_busy_loop_one_run_each_is_unreliable_and_rounds_keep_their_verdict(no_collection):
+    from scalekit.course import finding
+    from scalekit.measure.stats import BUSY_VERDICT
+
+    # enough loops to make the machine busy by the meter's own rule (one on a 2-core machine)
+    with busy_loops(int(load.BUSY_SHARE * load.cores()) + 1):
+        a, b = scalekit.run(sleepy_config("A")), scalekit.run(sleepy_config("B", step_s=0.02))
+        rows = scalekit.compare([sleepy_config("A"), sleepy_config("B", step_s=0.02)], repeats=2)
+    assert a.ok and b.ok and a.load.busy and b.load.busy, (a.load, b.load)
+    frame = compare([a, b])
+    assert frame.loc[1, "verdict"] == BUSY_VERDICT and frame.loc[1, "speedup_low"] <= frame.loc[1, "speedup_high"]
+    assert finding(b, a).startswith(f"B against A: {BUSY_VERDICT}")
+    assert rows.loc[1, "verdict"] in ("faster", "slower", "within noise"), rows.loc[1, "verdict"]
+    assert "the machine was busy" in rows.loc[1, "note"]
 
 
 def scripted_run(label: str, step_ms: list[float], threads: int = 1, tokens: int = 512, busy: bool = False):

@@ -122,3 +122,82 @@ def test_compare_with_repeats_through_the_engine_on_a_scripted_machine(monkeypat
         verdicts.append(table.loc[1, "verdict"])
     assert sum(v == expected for v in verdicts) >= 19, verdicts
     assert all(v in ("within noise", "faster", "slower") for v in verdicts)
+
+
+# -- a busy machine: one run each gets no verdict, paired rounds keep theirs ----------------------------------
+def scripted_result(label: str, step_ms: list[float], busy: bool):
+    """A finished training run with these measured steps, measured on a machine the load meter saw busy or not."""
+    from scalekit.measure.load import MachineLoad
+    from scalekit.measure.results import RunResult, StepRecord
+    from scalekit.measure.timing import Spread
+
+    steps = [StepRecord(step=i, warmup=False, step_ms=ms, tokens_per_s=512 / ms * 1e3, loss=None, mem_bytes=None,
+                        tokens=512) for i, ms in enumerate(step_ms)]
+    return RunResult(label=label, config={}, device="cpu", steps=steps, step_ms=Spread.of(step_ms),
+                     tokens_per_step=512, tokens_per_s=512 / Spread.of(step_ms).median * 1e3, threads=1,
+                     load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
+
+
+def scripted_generation(label: str, token_ms: list[float], busy: bool):
+    from scalekit.inference import GenerateResult
+    from scalekit.measure.load import MachineLoad
+    from scalekit.measure.timing import Spread
+
+    return GenerateResult(label=label, config={}, device="cpu", batch_size=1, prompt_tokens=[6], new_tokens=12,
+                          token_ms=token_ms, decode_ms=Spread.of(token_ms), ttft_ms=1.0, threads=1,
+                          decode_tokens_per_s=1e3 / Spread.of(token_ms).median,
+                          load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
+
+
+def test_one_run_each_on_a_busy_machine_is_unreliable_and_rounds_are_not():
+    one = Interval(1.54, 1.40, 1.70, method="one run each", busy=True)
+    assert verdict(one) == stats.BUSY_VERDICT == "unreliable (machine busy)" and one.text() == "1.54× (1.40–1.70)"
+    said = sentence("+ checkpointing", one, "baseline")
+    assert said.startswith("+ checkpointing against baseline: unreliable (machine busy), 1.54× (1.40–1.70× at 95%")
+    assert "faster" not in said and "slower" not in said  # the interval is shown, no direction is claimed
+    assert verdict(one.scaled(0.5)) == stats.BUSY_VERDICT and verdict(stats.product([one])) == stats.BUSY_VERDICT
+    rounds = Interval(0.16, 0.12, 0.20, rounds=5, method="paired rounds", busy=True)
+    assert verdict(rounds) == "slower"  # alternating rounds carry the load in their interval
+    assert sentence("bf16", rounds, "fp32") == ("bf16 is slower than fp32: 0.16× (0.12–0.20× at 95%, 5 rounds); the "
+                                                "machine was busy (the rounds' interval carries the load)")
+    assert verdict(Interval(1.54, 1.40, 1.70, method="one run each")) == "faster"  # a quiet machine: as before
+    rng = random.Random(4)
+    a, b = scripted_run(rng, 12, 0.0, 0.02), scripted_run(rng, 12, 0.0, 0.02, 0.5)
+    assert speedup_interval([a], [b], busy=True).verdict == stats.BUSY_VERDICT
+    assert speedup_interval([a, a], [b, b], busy=True).verdict == "faster"
+
+
+def test_every_table_and_sentence_of_one_busy_run_each_says_unreliable():
+    from scalekit.course import finding
+    from scalekit.inference import compare_generations
+    from scalekit.measure.results import compare
+    from scalekit.report import results_table
+
+    base = scripted_result("baseline", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.1], busy=False)
+    fast = scripted_result("+ toggle", [6.0, 6.1, 5.9, 6.2, 6.0, 6.1, 5.8, 6.0], busy=True)
+    frame = compare([base, fast])
+    assert frame.loc[1, "verdict"] == stats.BUSY_VERDICT and frame.loc[1, "speedup_low"] > 1  # the interval stays
+    assert "the machine was busy" in frame.loc[1, "note"]
+    assert stats.BUSY_VERDICT in results_table([base, fast])
+    assert finding(fast, base).startswith(f"+ toggle against baseline: {stats.BUSY_VERDICT}, 1.6")
+    assert compare([base, scripted_result("+ toggle", fast.timing_rounds()[0], busy=False)]).loc[1, "verdict"] == \
+        "faster"
+    plain = scripted_generation("plain", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.1], busy=True)
+    cached = scripted_generation("cached", [2.0, 2.1, 1.9, 2.0, 2.2, 2.0, 1.9, 2.1], busy=False)
+    assert compare_generations([plain, cached]).loc[1, "verdict"] == stats.BUSY_VERDICT  # the baseline's load counts
+    assert stats.BUSY_VERDICT in finding(cached, plain)
+
+
+def test_rows_measured_in_rounds_on_a_busy_machine_keep_their_verdict_beside_the_note():
+    from scalekit.course import finding
+    from scalekit.measure.results import compare
+
+    base = scripted_result("baseline", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.1], busy=False)
+    fast = scripted_result("+ toggle", [6.0, 6.1, 5.9, 6.2, 6.0, 6.1, 5.8, 6.0], busy=True)
+    for _ in range(2):  # two more rounds each, the later ones quiet: the busiest round's load is kept
+        base.add_round(scripted_result("baseline", base.timing_rounds()[0], busy=False))
+        fast.add_round(scripted_result("+ toggle", fast.timing_rounds()[0], busy=False))
+    frame = compare([base, fast])
+    assert frame.loc[1, "verdict"] == "faster" and "the machine was busy" in frame.loc[1, "note"]
+    assert finding(fast, base).startswith("+ toggle is faster than baseline") and "the machine was busy" in \
+        finding(fast, base)

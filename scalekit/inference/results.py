@@ -8,7 +8,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..measure.load import MachineLoad, busiest
+from ..measure.load import MachineLoad, any_busy, busiest
 from ..measure.results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
 from ..measure.stats import Interval, speedup_interval, too_few_steps, verdict
 from ..measure.timing import Spread
@@ -181,7 +181,7 @@ def generation_speedup(base: GenerateResult, r: GenerateResult) -> tuple[Interva
         why = f"not compared: {what} (a decode step's time grows with the sequence: generate the same length)"
     if why:
         return None, why
-    interval = speedup_interval(base.timing_rounds(), r.timing_rounds())
+    interval = speedup_interval(base.timing_rounds(), r.timing_rounds(), busy=any_busy(base.load, r.load))
     if interval is None:
         return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
     if base.batch_size == r.batch_size:

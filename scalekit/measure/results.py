@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..files import write_atomic
-from .load import MachineLoad, busiest
+from .load import MachineLoad, any_busy, busiest
 from .stats import Interval, speedup_interval, too_few_steps, verdict
 from .timing import Spread
 
@@ -216,7 +216,8 @@ def speedup_over(base: RunResult, r: RunResult, statistic=statistics.median) -> 
     why = not_like_for_like(base, r)
     if why:
         return None, why
-    interval = speedup_interval(base.timing_rounds(), r.timing_rounds(), statistic=statistic)
+    interval = speedup_interval(base.timing_rounds(), r.timing_rounds(), statistic=statistic,
+                                busy=any_busy(base.load, r.load))
     if interval is None:
         return None, too_few_steps(base.timing_rounds(), r.timing_rounds())
     if base.work_per_step == r.work_per_step:

@@ -20,6 +20,10 @@ The method, and what it assumes:
   width), and, with one run of each configuration, the whole interval (Welch's degrees of freedom).  One
   run each cannot see a change of the machine's speed between the two runs: such an interval says so
   (`method`), and repeats are the cure.
+- **A busy machine** (the load meter, `measure/load.py`, saw other processes at work during a run): with one
+  run each, the load may have moved between the two runs, which the interval cannot see, so the verdict is
+  BUSY_VERDICT (the interval is still shown).  Paired rounds in alternating order spread the load over both
+  sides and their interval carries it: the verdict stands, and the sentence says the machine was busy.
 - "Within noise" means the interval holds 1.0 (criterion.rs says "no change" for the same).  At the 95%
   level an A/A comparison (a configuration against itself) claims a difference in 5% of comparisons at
   most, when the assumptions hold: `tests/test_stats.py` checks it with injected jitter, and
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 LEVEL = 0.95  # two-sided confidence level of every interval shown
 MAX_BATCHES = 8  # contiguous batches a run's steps are cut into for its own variance
 MIN_BATCH_STEPS = 3  # steps per batch at least: a median of 3 or more varies as the run's median does, per step
+BUSY_VERDICT = "unreliable (machine busy)"  # one run each, measured while the load meter saw the machine busy
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,11 @@ class Interval:
     method: str = "paired rounds"  # or "one run each": step-to-step noise only, not drift between runs
     log_se: float = 0.0  # standard error of the log of the estimate (for combining intervals)
     df: float = math.inf  # its degrees of freedom
+    busy: bool = False  # the load meter saw the machine busy while a run it rests on was measured
 
     @property
     def verdict(self) -> str:
-        """'faster', 'slower' or 'within noise' (the interval holds 1.0)."""
+        """'faster', 'slower', 'within noise' (the interval holds 1.0) or BUSY_VERDICT."""
         return verdict(self)
 
     def text(self) -> str:
@@ -63,13 +69,21 @@ class Interval:
     def scaled(self, factor: float) -> Interval:
         """The same interval for a ratio multiplied by `factor` (per-token normalisation)."""
         return Interval(self.estimate * factor, self.low * factor, self.high * factor, self.level, self.rounds,
-                        self.method, self.log_se, self.df)
+                        self.method, self.log_se, self.df, self.busy)
+
+    @property
+    def unreliable(self) -> bool:
+        """One run each on a busy machine: the load may have changed between the two runs, unseen."""
+        return self.busy and self.method == "one run each"
 
 
 def verdict(interval: Interval | None, threshold: float = 1.0) -> str:
-    """'faster' when the whole interval is above `threshold`, 'slower' when it is below, else 'within noise'."""
+    """'faster' when the whole interval is above `threshold`, 'slower' when it is below, else 'within noise';
+    BUSY_VERDICT for one run each on a busy machine (paired rounds keep their verdict: the load is in them)."""
     if interval is None:
         return "not compared"
+    if interval.unreliable:
+        return BUSY_VERDICT
     if interval.low > threshold:
         return "faster"
     if interval.high < threshold:
@@ -79,25 +93,32 @@ def verdict(interval: Interval | None, threshold: float = 1.0) -> str:
 
 def sentence(subject: str, interval: Interval | None, other: str) -> str:
     """The finding in words, so a chapter's prose cannot contradict its table: 'LoRA is faster than full
-    fine-tuning: 1.32× (1.21–1.44× at 95%)', '... slower than ...', or '... within noise of ...'."""
+    fine-tuning: 1.32× (1.21–1.44× at 95%)', '... slower than ...', '... within noise of ...', or, for one
+    run each on a busy machine, '<subject> against <other>: unreliable (machine busy), ...'."""
     if interval is None:
         return f"{subject} and {other} were not compared"
     pct = f"{100 * interval.level:.0f}%"
     figures = f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {pct}"
     figures += ", one run each)" if interval.method == "one run each" else f", {interval.rounds} rounds)"
     word = interval.verdict
+    if word == BUSY_VERDICT:
+        return (f"{subject} against {other}: {BUSY_VERDICT}, {figures}; measure again on a quiet machine, or in "
+                f"rounds (repeats=3)")
+    busy = "; the machine was busy (the rounds' interval carries the load)" if interval.busy else ""
     if word == "within noise":
-        return f"{subject} is within noise of {other}: {figures}, an interval that holds 1"
-    return f"{subject} is {word} than {other}: {figures}"
+        return f"{subject} is within noise of {other}: {figures}, an interval that holds 1{busy}"
+    return f"{subject} is {word} than {other}: {figures}{busy}"
 
 
 # -- the interval ------------------------------------------------------------------------------------------
 def speedup_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
-                     level: float = LEVEL, statistic: Callable = statistics.median) -> Interval | None:
+                     level: float = LEVEL, statistic: Callable = statistics.median,
+                     busy: bool = False) -> Interval | None:
     """The speed-up of `rounds` over `base_rounds`: each a list of runs (one per round, paired by position),
     each run the times of its measured steps.  `statistic` makes a run's figure from its steps (the median;
-    the mean where steps differ by design and the wall clock is the honest figure).  None when there is
-    nothing to compare."""
+    the mean where steps differ by design and the wall clock is the honest figure).  `busy`: the load meter
+    saw the machine busy during any of the runs (it decides the verdict of one run each).  None when there
+    is nothing to compare."""
     pairs = [(a, b) for a, b in zip(base_rounds, rounds, strict=False) if len(a) and len(b)]
     if not pairs:
         return None
@@ -107,18 +128,19 @@ def speedup_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Se
         (va, vb), = within
         if va is None or vb is None:
             return None  # too few steps for a run's own variance: no honest interval from one run each
-        return _interval(logs[0], math.sqrt(va[0] + vb[0]), _welch_df(va, vb), level, 1, "one run each")
+        return _interval(logs[0], math.sqrt(va[0] + vb[0]), _welch_df(va, vb), level, 1, "one run each", busy)
     k = len(logs)
     spread = statistics.variance(logs)
     floors = [va[0] + vb[0] for va, vb in within if va is not None and vb is not None]
     var = max(spread, statistics.fmean(floors) if floors else 0.0)
-    return _interval(statistics.fmean(logs), math.sqrt(var / k), k - 1, level, k, "paired rounds")
+    return _interval(statistics.fmean(logs), math.sqrt(var / k), k - 1, level, k, "paired rounds", busy)
 
 
-def _interval(log_ratio: float, se: float, df: float, level: float, rounds: int, method: str) -> Interval:
+def _interval(log_ratio: float, se: float, df: float, level: float, rounds: int, method: str,
+              busy: bool = False) -> Interval:
     half = t_quantile(0.5 + level / 2, df) * se
     return Interval(math.exp(log_ratio), math.exp(log_ratio - half), math.exp(log_ratio + half), level, rounds,
-                    method, se, df)
+                    method, se, df, busy)
 
 
 def product(intervals: Sequence[Interval], level: float = LEVEL) -> Interval | None:
@@ -128,7 +150,7 @@ def product(intervals: Sequence[Interval], level: float = LEVEL) -> Interval | N
         return None
     se = math.sqrt(sum(iv.log_se ** 2 for iv in intervals))
     return _interval(sum(math.log(iv.estimate) for iv in intervals), se, min(iv.df for iv in intervals), level,
-                     min(iv.rounds for iv in intervals), intervals[0].method)
+                     min(iv.rounds for iv in intervals), intervals[0].method, any(iv.busy for iv in intervals))
 
 
 def too_few_steps(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]]) -> str:
