@@ -24,30 +24,60 @@ from ..errors import ConfigError
 from .user import readable
 
 IGNORE = -100  # the label cross-entropy leaves out (torch's and transformers' ignore_index)
+MIN_DOCUMENT_TOKENS = 2  # a one-token document has nothing to predict: it is left out
+# An endless dataset whose documents are all too short would be read forever, inside the build where the Lab's Stop
+# cannot reach: after this many too-short documents in a row, packing gives up and says why.
+MAX_SHORT_DOCUMENTS_IN_A_ROW = 10_000
+
+
+def check_row_length(seq_len: int) -> None:
+    """Refuse rows too short for any document: a row of one token could only hold a document of one token."""
+    if seq_len < MIN_DOCUMENT_TOKENS:
+        raise ConfigError(f"RunConfig.seq_len={seq_len} is too short for sequence_packing: a packed row holds whole "
+                          f"documents of at least {MIN_DOCUMENT_TOKENS} tokens (one token has nothing to predict), so "
+                          f"no row could ever be filled; set seq_len to {MIN_DOCUMENT_TOKENS} or more")
+
+
+def too_short(where: str, longest: int) -> ConfigError:
+    return ConfigError(f"RunConfig.dataset: sequence_packing found no document of at least {MIN_DOCUMENT_TOKENS} "
+                       f"tokens {where} (the longest has {longest} token{'s' * (longest != 1)}); a "
+                       f"document of one token has nothing to predict: give documents of {MIN_DOCUMENT_TOKENS} "
+                       f"tokens or more, or leave sequence_packing off")
 
 
 def documents(dataset: Any, seed: int) -> Iterator[torch.Tensor]:
-    """The dataset's documents (1-D token ids), epoch after epoch: map-style in a fresh seeded order each epoch."""
+    """The dataset's documents of at least two tokens (1-D token ids), epoch after epoch: map-style in a fresh
+    seeded order each epoch.  Refused (ConfigError) when a whole pass, or MAX_SHORT_DOCUMENTS_IN_A_ROW documents
+    in a row, has none: otherwise packing would wait for one forever."""
     data = readable(dataset)
     generator = torch.Generator().manual_seed(seed)
+    short_in_a_row = longest = 0
     while True:
         order = iter(data) if isinstance(data, IterableDataset) else \
             (data[int(i)] for i in torch.randperm(len(data), generator=generator))
-        seen = 0
+        seen = kept = 0
         for sample in order:
             ids = sample["input_ids"] if isinstance(sample, Mapping) else sample
             ids = torch.as_tensor(ids).reshape(-1)
             seen += 1
+            if len(ids) < MIN_DOCUMENT_TOKENS:
+                short_in_a_row, longest = short_in_a_row + 1, max(longest, len(ids))
+                if short_in_a_row >= MAX_SHORT_DOCUMENTS_IN_A_ROW:
+                    raise too_short(f"in {short_in_a_row:,} documents in a row", longest)
+                continue
+            short_in_a_row, kept = 0, kept + 1
             yield ids
         if not seen:
             raise ConfigError("RunConfig.dataset yielded no document to pack")
+        if not kept:
+            raise too_short(f"in a whole pass over its {seen:,} documents", longest)
 
 
 def pieces(docs: Iterator[torch.Tensor], seq_len: int) -> Iterator[torch.Tensor]:
-    """Documents of at least two tokens, cut into pieces no longer than a row."""
+    """Documents cut into pieces no longer than a row, each of at least two tokens."""
     for doc in docs:
         for piece in doc.split(seq_len):
-            if len(piece) >= 2:
+            if len(piece) >= MIN_DOCUMENT_TOKENS:
                 yield piece
 
 
@@ -70,6 +100,7 @@ class PackedDocuments(IterableDataset):
     """`dataset`'s documents packed greedily, in order, into rows of `seq_len` tokens, without end."""
 
     def __init__(self, dataset: Any, seq_len: int, seed: int):
+        check_row_length(seq_len)  # refused here, before anything reads the dataset
         self.dataset, self.seq_len, self.seed = dataset, seq_len, seed
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

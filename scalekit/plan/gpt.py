@@ -173,16 +173,28 @@ def step_temporaries_bytes(optim: str, sizes: list[int], cuda: bool) -> int:
     return 2 * max(sizes) * FP32  # a loop over parameters: a couple of temporaries of the largest
 
 
+def head_backward_bytes(s: Shape, act: int) -> int:
+    """What the head's backward holds beside the saved activations at its fullest.  Whole logits: two fp32
+    logit-sized gradients (the loss's and log-softmax's) and two residual-stream gradients.  A chunked loss
+    (models/chunked_loss.py), at a chunk's weight-gradient matmul: the chunk's fp32 logits, turned into their
+    gradient in place, with their copy and the chunk's hidden states in autocast's 16-bit dtype (no copies in
+    fp32, where the dtypes already agree); the head's fp32 weight gradient and the matmul's (vocab × d) product
+    being added into it; the hidden states' whole fp32 gradient."""
+    t, d, vocab = s.tokens, s.d, s.vocab_rows
+    if not s.loss_chunks:
+        return 2 * t * vocab * FP32 + 2 * t * d * FP32
+    copy = act if act != FP32 else 0
+    chunk = s.logit_tokens * (vocab * (FP32 + copy) + d * copy)
+    return chunk + vocab * d * (FP32 + act) + t * d * FP32
+
+
 def backward_peak_bytes(s: Shape, groups, layer: int, head: int, weights_16bit: int, grads_before: int,
-                        block_grads: int, head_grads: int) -> int:
+                        block_grads: int, head_grads: int, act: int) -> int:
     """The most live bytes (activations, gradients, working set) at any moment of one backward pass."""
     t = s.tokens
     boundary = t * s.d * FP32  # a checkpointed group keeps only its input
     alive = head + weights_16bit + sum(boundary if ckpt else n * layer for n, ckpt in groups)
-    # at the start: two logit-sized gradients (loss and log-softmax; a chunked loss: one chunk's logits and their
-    # gradient, and the head's fp32 weight gradient it sums them into) and two residual-stream gradients
-    head_grad = s.vocab_rows * s.d * FP32 if s.loss_chunks else 0
-    peak = grads_before + alive + head_grad + 2 * s.logit_tokens * s.vocab_rows * FP32 + 2 * t * s.d * FP32
+    peak = grads_before + alive + head_backward_bytes(s, act)  # at the start: the head's working set
     grads = grads_before or head_grads
     alive -= head
     for n, ckpt in reversed(groups):
@@ -228,7 +240,7 @@ def gpt_estimate(cfg, facts, gpt_config: GPTConfig, device_type: str, label: str
     saved = head + weights_16bit + sum((s.tokens * s.d * FP32) if c else n * layer for n, c in groups)
     block_grads = shapes.block_params * FP32
     backward = backward_peak_bytes(s, groups, layer, head, weights_16bit, grads_before=grads if k > 1 else 0,
-                                   block_grads=block_grads, head_grads=grads - s.n_layer * block_grads)
+                                   block_grads=block_grads, head_grads=grads - s.n_layer * block_grads, act=act)
     peak = params + state + max(backward, grads + step_temporaries_bytes(optim, sizes, cuda))
     flops, hardware_flops = step_flops(cfg, s, shapes, groups)
     return Estimate(label=label, params_bytes=params, grads_bytes=grads, optimizer_state_bytes=state,

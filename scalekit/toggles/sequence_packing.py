@@ -3,6 +3,7 @@ padding; each document keeps its own positions and attends only to itself (a blo
 
 from __future__ import annotations
 
+from ..data.packing import check_row_length
 from .base import BuildContext, Spelling, Toggle, Tune
 
 
@@ -28,6 +29,7 @@ class SequencePacking(Toggle):
         return (True, "") if ok else (False, f"does not apply to {adapter.family}: {why}")
 
     def apply(self, ctx: BuildContext, value) -> None:
+        check_row_length(ctx.config.seq_len)  # refused first, before the model is built
         ctx.pack_sequences = True
         ctx.notes.append(f"sequence_packing: documents packed into rows of {ctx.config.seq_len} tokens; tokens/s "
                          f"counts real tokens only (padding left out)")
