@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from .errors import NotWritten, is_no_space, os_error_in, why_not_written
 from .files import check_writable, write_atomic
 
 WRAPPER_ATTRS = ("_orig_mod", "module")  # torch.compile, DDP / DataParallel
@@ -36,7 +37,17 @@ def clean_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save(model: torch.nn.Module, path: str | os.PathLike) -> None:
     """The innermost module's weights, written atomically (scalekit.files.write_atomic)."""
     state = clean_state_dict(model)
-    write_atomic(check_writable(path, "checkpoint"), lambda f: torch.save(state, f), binary=True)
+    target = check_writable(path, "checkpoint")
+    try:
+        write_atomic(target, lambda f: torch.save(state, f), binary=True)
+    except (OSError, RuntimeError) as exc:
+        err = os_error_in(exc)  # torch says a full disk as "[enforce fail at inline_container.cc]", raised from it
+        if err is None and "inline_container" not in str(exc):
+            raise  # not a failed write (a tensor torch cannot save): its own error says more
+        error = NotWritten(f"checkpoint {str(target)!r} could not be written: {why_not_written(exc)}"
+                           + ("; free some space there or save it elsewhere" if is_no_space(exc) else ""))
+        error.errno = None if err is None else err.errno
+        raise error from exc
 
 
 def load(model: torch.nn.Module, path: str | os.PathLike, strict: bool = True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import torch
 
 
@@ -17,6 +19,47 @@ def toggle_why(name: str, why: str) -> str:
     """A toggle's reason in words: "toggle 'sdpa' needs ...", or "toggle 'kv_cache'='static': ..." where the reason
     is about one of its values (it then starts with "=")."""
     return f"toggle {name!r}{'' if why.startswith('=') else ' '}{why}"
+
+
+class TokenCacheUnavailable(ConfigError):
+    """The shipped corpus' token cache could not be built (a full disk, a read-only folder): the message names the
+    folder, says why, and says how to put it elsewhere (SCALEKIT_CACHE)."""
+
+
+class NotWritten(OSError):
+    """A file scalekit writes could not be written: the message names the file and says why (`errno` is the system's
+    reason).  An OSError, so whatever handles a failed write still handles it."""
+
+
+EDQUOT = getattr(errno, "EDQUOT", errno.ENOSPC)  # a quota exceeded (POSIX; not every platform names it)
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError with a system reason behind `exc`: itself, or one it was raised from or while handling (torch.save
+    reports a full disk as its own RuntimeError, raised while handling the OSError)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def why_not_written(exc: BaseException) -> str:
+    """Why a write failed, in words: "no space left on the disk", "the file system is read-only", ..."""
+    err = os_error_in(exc)
+    if err is None:
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+    return {errno.ENOSPC: "no space left on the disk", EDQUOT: "no space left: the disk quota is exceeded",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+            errno.EPERM: "permission denied"}.get(err.errno, (err.strerror or str(err)).lower())
+
+
+def is_no_space(exc: BaseException) -> bool:
+    err = os_error_in(exc)
+    return err is not None and err.errno in (errno.ENOSPC, EDQUOT)
 
 
 class PlanUnavailable(ConfigError):

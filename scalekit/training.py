@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -83,10 +84,10 @@ def build_model(ctx: BuildContext) -> None:
     cfg = ctx.config
     if ctx.model_adapter is not None:  # a model family's own build (Hugging Face: the toggles' switches set)
         model = ctx.model_adapter.build()
-        ctx.loss_fn = cfg.loss_fn or ctx.model_adapter.loss
+        ctx.loss_fn = scalar_checked(cfg.loss_fn) if cfg.loss_fn is not None else ctx.model_adapter.loss
     elif cfg.custom_model:
         model = cfg.model() if not isinstance(cfg.model, torch.nn.Module) else copy.deepcopy(cfg.model)
-        ctx.loss_fn = cfg.loss_fn
+        ctx.loss_fn = scalar_checked(cfg.loss_fn)
     else:
         model = GPT(ctx.gpt_config)
         if cfg.init == "pretrained":
@@ -130,6 +131,18 @@ def load_pretrained_weights(model: torch.nn.Module, name: str) -> None:
                           f"(first mismatch: {wrong[0]}); a toggle that changes the architecture's sizes "
                           f"(nice_numbers pads the vocabulary) cannot start from these weights")
     model.load_state_dict(state)
+
+
+def scalar_checked(loss_fn: Callable) -> Callable:
+    """Your loss_fn, its value refused in words unless it is a one-element tensor (what backward() needs)."""
+    @functools.wraps(loss_fn)
+    def checked(model, batch):
+        loss = loss_fn(model, batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConfigError(f"RunConfig.loss_fn must return a scalar tensor, got {got}")
+        return loss
+    return checked
 
 
 def make_batches(ctx: BuildContext) -> Iterator:
@@ -213,6 +226,7 @@ def flops_per_step(ctx: BuildContext) -> float | None:
     # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
     with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
         batch = sample_batch(cfg, ctx)
+        batch_rows(cfg, batch)  # a batch with no tensor is blamed on what made it, before loss_fn reads it
         counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
     ctx.base_model.zero_grad(set_to_none=True)
     return counted or None
@@ -245,19 +259,34 @@ def mfu_dtype_of(toggles: dict, device: torch.device) -> str:
         return mfu_dtype(ctx)
 
 
+def batch_maker(cfg: RunConfig) -> str:
+    """Whose code made a run's batches, as the error about a batch names it."""
+    if cfg.batch_fn is not None:
+        return "RunConfig.batch_fn"
+    if cfg.dataset is not None:
+        return "RunConfig.collate_fn" if cfg.collate_fn is not None else "torch's default collate of RunConfig.dataset"
+    return "the run's data"
+
+
+def batch_rows(cfg: RunConfig, batch) -> int:
+    """Rows of `batch`: the first dimension of its first tensor; refuses a batch that holds no tensor."""
+    leaves = [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0]
+    if not leaves:
+        raise ConfigError(f"{batch_maker(cfg)} returned a batch with no tensor in it "
+                          f"({type(batch).__name__}): return a tensor, or a tuple/dict of tensors whose first "
+                          f"dimension is the batch")
+    return leaves[0].shape[0]
+
+
 def batch_tokens(ctx: BuildContext, batch) -> int:
     """Tokens in this rank's `batch` (rows × tokens per row); refuses a batch the step cannot split."""
     cfg = ctx.config
-    leaves = [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0]
-    if not leaves:
-        raise ConfigError("RunConfig.batch_fn returned a batch with no tensor in it: return a tensor, or a "
-                          "tuple/dict of tensors whose first dimension is the batch")
-    rows = leaves[0].shape[0]
+    rows = batch_rows(cfg, batch)
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     k = ctx.grad_accum_steps
     if rows % k:
         raise ConfigError(f"a batch of {rows} rows cannot be split into grad_accum={k} equal micro-batches: "
-                          f"{'RunConfig.batch_fn must return batch_size rows' if cfg.custom_model else 'the batch'} "
+                          f"{batch_maker(cfg) + ' must return batch_size rows' if cfg.custom_model else 'the batch'} "
                           f"(a multiple of {k})")
     if ctx.pack_sequences:
         return real_tokens(batch)  # padding is not work done

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -164,3 +166,25 @@ def load_tool(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def small_mount(folder: Path, size: str = "256k", read_only: bool = False):
+    """A tmpfs of `size` mounted on `folder` (a full disk for what needs more), or read-only: what chmod cannot
+    show a root user.  Skips, with the reason, where mounting is not allowed (not root, a container without
+    CAP_SYS_ADMIN)."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        pytest.skip("cannot mount a small tmpfs here: no mount command")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {(mounted.stderr or mounted.stdout).strip()}")
+    try:
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)

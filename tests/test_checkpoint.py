@@ -53,3 +53,16 @@ def test_unwrap_sees_through_wrappers():
             self.module = inner
 
     assert checkpoint.unwrap(Wrapper()) is inner
+
+
+def test_a_save_to_a_full_disk_names_the_path_and_says_no_space_left(tmp_path):
+    from tests.helpers import small_mount
+
+    with small_mount(tmp_path / "disk", size="256k") as disk:
+        path = disk / "w.pt"
+        with pytest.raises(OSError) as caught:
+            checkpoint.save(torch.nn.Linear(512, 512), path)  # 1 MB of weights
+        message = str(caught.value)
+        assert str(path) in message and "no space left" in message, message
+        assert "inline_container" not in message and "\n" not in message
+        assert caught.value.errno == 28 and os.listdir(disk) == []  # ENOSPC, and no temporary file left

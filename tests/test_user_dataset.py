@@ -4,6 +4,7 @@ same batches in the same order), data_wait is measured on it, and no worker outl
 from __future__ import annotations
 
 import math
+import re
 
 import psutil
 import pytest
@@ -176,6 +177,42 @@ def test_a_dataset_is_refused_with_the_field_named():
         own(dataset=[1, 2, 3].__iter__())
     with pytest.raises(ConfigError, match="RunConfig.collate_fn goes with RunConfig.dataset"):
         RunConfig(model=TinyLM, batch_fn=lambda b, d: None, loss_fn=lm_loss, collate_fn=lambda x: x)
+
+
+class EmptyStream(IterableDataset):
+    def __iter__(self):
+        return iter(())
+
+
+def test_an_empty_iterable_dataset_is_said_naming_the_field():
+    result = run(own(dataset=EmptyStream()), catch_errors=True)
+    assert result.status == "failed" and "RunConfig.dataset" in result.error and "no sample" in result.error, \
+        result.error
+    assert "StopIteration" not in result.error
+
+
+def test_a_collate_fn_that_returns_no_tensor_is_blamed_not_batch_fn():
+    def weights_only(model, batch):  # a loss that reads no batch: the batch itself is what must be refused
+        return model.out.weight.sum()
+
+    for loss_fn in (lm_loss, weights_only):
+        with pytest.raises(ConfigError, match=r"^RunConfig\.collate_fn returned a batch with no tensor"):
+            run(own(collate_fn=lambda samples: [len(samples)], loss_fn=loss_fn))
+    with pytest.raises(ConfigError, match=r"^RunConfig\.batch_fn returned a batch with no tensor"):  # its own
+        run(RunConfig(model=TinyLM, batch_fn=lambda b, d: [b], loss_fn=weights_only, tokens_per_sample=16, steps=1,
+                      warmup_steps=0, device="cpu", measure_memory=False))
+
+
+@pytest.mark.parametrize("value,got", [(3, "int"), (None, "NoneType"), ("x", "a tensor of shape (6,)")])
+def test_a_loss_fn_that_returns_no_scalar_tensor_is_said(value, got):
+    def loss(model, batch):
+        if value == "x":  # one loss per sample, not reduced
+            x, y = batch
+            return torch.nn.functional.cross_entropy(model(x).transpose(1, 2), y, reduction="none").mean(1)
+        return value
+
+    with pytest.raises(ConfigError, match=rf"RunConfig\.loss_fn must return a scalar tensor, got {re.escape(got)}$"):
+        run(own(loss_fn=loss))
 
 
 class Ragged(Dataset):

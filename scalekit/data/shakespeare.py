@@ -4,7 +4,9 @@ Training format: the corpus tokenized once into a flat array of uint16 token ids
 memmap, so every run starts from the same bytes without re-tokenizing.  Written atomically (temporary
 file, fsynced, then renamed): an interrupted preparation never leaves a half-written file behind.  The
 size and a checksum of each file are recorded beside them when they are built and checked when the
-cache is first opened in a process; a file that does not match is built again, with a one-line note on stderr.
+cache is first opened in a process, and again when its files changed since (each open compares their inode,
+size and times); a file that does not match is built again, with a one-line note on stderr.  A cache that
+cannot be written says where it is, why, and that SCALEKIT_CACHE puts it elsewhere.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import hashlib
 import json
 import os
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import TokenCacheUnavailable, is_no_space, why_not_written
 from ..files import write_atomic, write_text_atomic
 
 CORPUS_NAME = "tinyshakespeare.txt"
@@ -48,9 +51,14 @@ class CharTokenizer:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SCALEKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "scalekit")
-    return Path(root)
+    """$SCALEKIT_CACHE, else scalekit/ under $XDG_CACHE_HOME, else ~/.cache/scalekit."""
+    if os.environ.get("SCALEKIT_CACHE"):
+        return Path(os.environ["SCALEKIT_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # the XDG spec: an empty value means unset, and a relative path is invalid and ignored.  Taken as it is, it
+    # would put a scalekit/ folder in the current one, which shadows the package in an editable install
+    base = xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache")
+    return Path(base) / "scalekit"
 
 
 CACHE_FORMAT = 1
@@ -118,33 +126,81 @@ def _build_cache(why: str | None) -> None:
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        meta, parts = _expected()
+        for split, ids in parts.items():
+            # f.write, not ndarray.tofile: numpy reports a short write without the system's reason (a full disk)
+            write_atomic(directory / f"shakespeare_char_{split}.bin", lambda f, ids=ids: f.write(ids.tobytes()),
+                         binary=True)
+        write_text_atomic(_meta_path(), json.dumps(meta, indent=1))  # last: the record vouches for the files
     except OSError as exc:
-        raise ConfigError(f"the token cache directory {str(directory)!r} cannot be created ({exc.strerror}); "
-                          f"set SCALEKIT_CACHE to a writable folder") from exc
-    meta, parts = _expected()
-    for split, ids in parts.items():
-        write_atomic(directory / f"shakespeare_char_{split}.bin", lambda f, ids=ids: ids.tofile(f), binary=True)
-    write_text_atomic(_meta_path(), json.dumps(meta, indent=1))  # last: the record vouches for the files
+        raise TokenCacheUnavailable(_unwritable(directory, exc)) from exc
     if why is not None:
         print(f"scalekit: note: rebuilt the token cache in {directory} ({why})", file=sys.stderr)
 
 
-_VALIDATED: set[str] = set()  # cache folders checked in this process
+def _unwritable(directory: Path, exc: OSError) -> str:
+    """The cache folder that cannot be written, why, and where else it can go."""
+    where = "free some space there, or set SCALEKIT_CACHE to a folder on another disk" if is_no_space(exc) else \
+        "set SCALEKIT_CACHE to a folder you can write"
+    return f"the token cache {str(directory)!r} cannot be written: {why_not_written(exc)}; {where}"
+
+
+STALE_TEMP_AGE_S = 600  # a build writes each file in one call and renames it within seconds
+_TEMP_GLOB = ".shakespeare_char*.tmp"  # write_atomic's temporary files for the cache
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    """Temporary files whose writer was killed mid-build (SIGKILL: nothing could remove them): untouched for
+    STALE_TEMP_AGE_S, so no build is still writing them."""
+    now = time.time()
+    for tmp in directory.glob(_TEMP_GLOB):
+        try:
+            if now - tmp.stat().st_mtime > STALE_TEMP_AGE_S:
+                tmp.unlink()
+        except OSError:  # removed by another process first, or a folder we cannot write: it stays
+            pass
+
+
+_CACHE_FILES = ("shakespeare_char_train.bin", "shakespeare_char_val.bin", "shakespeare_char.json")
+_VALIDATED: dict[str, tuple] = {}  # cache folder -> its files' fingerprint when this process last checked them
+
+
+def _fingerprint(directory: Path) -> tuple | None:
+    """Each cache file's device, inode, size, mtime and ctime (None if one is missing): three stats, cheap on
+    every open, and changed by a deletion, a replacement or a write in place (ctime cannot be set back)."""
+    marks = []
+    for name in _CACHE_FILES:
+        try:
+            st = os.stat(directory / name)
+        except OSError:
+            return None
+        marks.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(marks)
+
+
+def _check_cache(directory: Path) -> None:
+    """Check the files against their record (their checksums), build them again if they do not match, and
+    remember their fingerprint: until it changes, this process trusts them without reading them again."""
+    _remove_stale_temps(directory)
+    seen = _fingerprint(directory)
+    problem = _problem(_read_meta())
+    if problem is not None:
+        _build_cache(problem if any(directory.glob("shakespeare_char_*.bin")) else None)
+        seen = _fingerprint(directory)
+    _VALIDATED[str(directory)] = seen
 
 
 def training_file(split: str = "train") -> Path:
     """Path of the uint16 token file for `split` ("train" or "val"), checked against its record (and built
-    again if it does not match) the first time this process opens the cache."""
+    again if it does not match) the first time this process opens the cache, and again whenever its files are
+    no longer the ones checked (deleted, replaced or written to since: a long notebook session)."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    key = str(cache_dir())
-    if key not in _VALIDATED:
-        exists = any(cache_dir().glob("shakespeare_char_*.bin"))
-        problem = _problem(_read_meta())
-        if problem is not None:
-            _build_cache(problem if exists else None)
-        _VALIDATED.add(key)
-    return cache_dir() / f"shakespeare_char_{split}.bin"
+    directory = cache_dir()
+    seen = _fingerprint(directory)
+    if seen is None or _VALIDATED.get(str(directory)) != seen:
+        _check_cache(directory)
+    return directory / f"shakespeare_char_{split}.bin"
 
 
 NEW_PLAYS_TRAIN_FRACTION = 0.8

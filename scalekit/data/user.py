@@ -87,7 +87,14 @@ class Epochs:
             return next(self._iterator)
         except StopIteration:
             self._iterator = iter(self.loader)
-            return next(self._iterator)  # an empty dataset ends the run here (StopIteration)
+        try:
+            return next(self._iterator)
+        except StopIteration:  # a whole new pass gave no batch: said in words, not as a bare StopIteration
+            raise ConfigError(self._empty_pass()) from None
+
+    def _empty_pass(self) -> str:
+        short = f", or fewer than batch_size={self.loader.batch_size} with drop_last" if self.loader.drop_last else ""
+        return f"RunConfig.dataset: the iterable dataset gave no batch in a whole pass (it yielded no sample{short})"
 
     @property
     def _workers(self):  # what LoaderBatches reads of a multi-process iterator

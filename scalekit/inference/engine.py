@@ -16,6 +16,7 @@ import time
 import torch
 
 from .. import hardware
+from ..errors import TokenCacheUnavailable
 from ..measure import memory
 from ..measure.compiled import CompileWatch, graphs_made
 from ..measure.session import measured_run
@@ -222,9 +223,7 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
         result.notes.append(why)
         return
     status("measuring quality: held-out perplexity and agreement with the model as built")
-    q = measure_quality(ctx, cfg.quality_window(), cfg.quality_windows, cfg.quality_tokens)
-    result.heldout_loss, result.perplexity = q["heldout_loss"], q["perplexity"]
-    result.reference_perplexity, result.agreement = q["reference_perplexity"], q["agreement"]
+    _heldout_quality(ctx, cfg, result)
     changed = ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None or lossy_cache(ctx) \
         or ctx.speculative is not None
     if cfg.temperature == 0 and changed:
@@ -233,6 +232,18 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
     if cfg.temperature == 0 and ctx.speculative is not None:  # the same model and cache, one token per forward
         plain = decode(ctx, ids, pad, done.tokens.shape[1], max_len).tokens
         result.same_as_plain_tokens = min(same_prefix(done.tokens, plain))
+
+
+def _heldout_quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult) -> None:
+    """Perplexity and agreement on held-out tokens; when the shipped corpus' token cache cannot be built (a full
+    disk), the generation measured before is kept and a note says why these figures are missing."""
+    try:
+        q = measure_quality(ctx, cfg.quality_window(), cfg.quality_windows, cfg.quality_tokens)
+    except TokenCacheUnavailable as exc:
+        result.notes.append(f"quality not measured (perplexity, agreement): {exc}")
+        return
+    result.heldout_loss, result.perplexity = q["heldout_loss"], q["perplexity"]
+    result.reference_perplexity, result.agreement = q["reference_perplexity"], q["agreement"]
 
 
 def _reference_generation(ctx: BuildContext, ids, pad, new_tokens: int, max_len: int) -> torch.Tensor:
