@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import math
@@ -16,6 +17,7 @@ from .errors import ConfigError
 from .files import STDOUT, check_writable, save_text
 from .ladder import LADDERS, TABLE_THROUGHPUT
 from .launch import commands as launch_commands
+from .measure.load import in_launched_rank
 from .rounds import check_repeats
 from .toggles import TOGGLES
 
@@ -23,7 +25,7 @@ from .toggles import TOGGLES
 def _progress(message: str) -> None:
     try:
         print(f"  · {message}", file=sys.stderr, flush=True)
-    except BrokenPipeError:  # stderr piped into something that closed: the run goes on unheard
+    except OSError:  # stderr piped into something that closed, or a closed terminal: the run goes on unheard
         pass
 
 
@@ -125,30 +127,79 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:  # a refused flag (said in one line), or --help
         return exc.code if isinstance(exc.code, int) else 2
-    stop = threading.Event()
-
-    def on_interrupt(signum, frame) -> None:
-        if stop.is_set():  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        stop.set()  # the first ends the current step cleanly, keeping what was measured
-        _progress(stop_message(frame))
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    stop = StopRequest()
+    previous = _catch_stop_signals(stop, args.command in STOPPABLE)
     try:
         code = COMMANDS[args.command](args, stop)
         sys.stdout.flush()  # here, not at exit: a closed pipe is met where it can be handled
-        return code
+        return code if stop.signum is None else 128 + stop.signum  # as a shell reports a command a signal ended
     except BrokenPipeError:  # `scalekit toggles | head -3`: the reader has what it wanted
         _discard_stdout()
         return 141  # 128 + SIGPIPE, as a tool killed by the closed pipe would end
     except ConfigError as exc:
-        print(f"scalekit: error: {flag_names(str(exc))}", file=sys.stderr)
+        _say(f"scalekit: error: {flag_names(str(exc))}")
         return 2
-    except KeyboardInterrupt:
-        print("scalekit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a second signal, or a command with no step to finish first
+        signum = getattr(exc, "signum", signal.SIGINT)
+        _say("scalekit: interrupted" if signum == signal.SIGINT else f"scalekit: stopped by {signal_name(signum)}")
+        return 128 + signum
+    except OSError as exc:
+        if exc.errno != errno.EIO or stop.signum is None:
+            raise
+        _discard_stdout()  # SIGHUP from a closed terminal: nothing can be shown any more, the --json is written
+        return 128 + stop.signum
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+# Ctrl-C, a scheduler's or `timeout`'s SIGTERM, a closed terminal's SIGHUP: each is a stop (SIGHUP is POSIX only)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+# the commands whose work checks `stop` between steps, and so can end keeping what they measured
+STOPPABLE = ("ladder", "bench", "generate", "tune")
+
+
+class StopRequest(threading.Event):
+    """The commands' `stop`: set by the first stop signal, whose number it keeps (the exit code says it)."""
+
+    signum: int | None = None
+    at_once = False  # a launch has no step here to finish: its launcher stops every rank at once
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop that does not wait for a step: the second signal, or any signal to a command without steps."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _catch_stop_signals(stop: StopRequest, stoppable: bool) -> dict:
+    """Install the stop handler for every stop signal; returns the handlers it replaced."""
+
+    def on_signal(signum, frame) -> None:
+        if stop.is_set() or stop.at_once or not stoppable:  # again, or nothing to finish first: stop now
+            raise Interrupted(signum)
+        stop.signum = signum
+        stop.set()  # the first ends the current step cleanly, keeping what was measured
+        _progress(stop_message(frame, signum))
+
+    # a rank under torchrun keeps SIGTERM's default: its launcher ends every rank with it, and a rank that
+    # finished its step alone would wait for the others in the next collective
+    signals = STOP_SIGNALS if not in_launched_rank() else (signal.SIGINT,)
+    return {signum: signal.signal(signum, on_signal) for signum in signals}
+
+
+def _say(line: str) -> None:
+    """One line on standard error, which may be gone (a closed terminal, a closed pipe)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _discard_stdout() -> None:
@@ -166,14 +217,17 @@ def _discard_stdout() -> None:
 COMPILER_MODULES = ("torch._dynamo.convert_frame", "torch._inductor.compile_fx")
 
 
-def stop_message(frame) -> str:
-    """What the first Ctrl-C says, at once: the step it waits for, and why that may take long (a compile)."""
+def stop_message(frame, signum: int = signal.SIGINT) -> str:
+    """What the first stop signal says, at once: the step it waits for, and why that may take long (a compile)."""
+    ctrl_c = signum == signal.SIGINT
+    heard = "" if ctrl_c else f"{signal_name(signum)}: "
+    again = "Ctrl-C again to stop at once" if ctrl_c else "another signal stops at once"
     while frame is not None:
         if frame.f_globals.get("__name__", "").startswith(COMPILER_MODULES):
-            return ("stopping once torch.compile finishes compiling: a compile cannot be stopped midway, and a "
-                    "cold one can take a minute on a CPU (Ctrl-C again to stop at once: nothing measured is lost)")
+            return (f"{heard}stopping once torch.compile finishes compiling: a compile cannot be stopped midway, and "
+                    f"a cold one can take a minute on a CPU ({again}: nothing measured is lost)")
         frame = frame.f_back
-    return "stopping after this step… (Ctrl-C again to stop at once)"
+    return f"{heard}stopping after this step… ({again})"
 
 
 def cmd_ladder(args, stop) -> int:
@@ -204,14 +258,18 @@ def cmd_bench(args, stop) -> int:
     nprocs = launch_commands.check_nproc_flag(args.nproc_per_node, default="this process alone")
     timeout_s = launch_commands.check_timeout_flag(args.timeout_s)
     if nprocs:
+        cfg.check_ranks(nprocs)  # before "launching": a mesh the ranks cannot form starts none of them
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
         from .launch import launch_run
 
         _progress(f"launching {nprocs} processes")
+        stop.at_once = True
         try:
             with launch_commands.ctrl_c_raises():
                 result = launch_run(cfg, nprocs=nprocs, catch_errors=True, timeout_s=timeout_s)
-        except KeyboardInterrupt:
-            return launch_commands.interrupted("scalekit bench")
+        except (KeyboardInterrupt, SignalException) as exc:
+            return _launch_stopped(exc)
     elif timeout_s is not None:
         raise ConfigError("--timeout-s limits launched processes: use it with --nproc-per-node N")
     else:
@@ -222,6 +280,15 @@ def cmd_bench(args, stop) -> int:
     saved = _save_json(json_path, result.to_dict())
     print(results_table([result]), file=_report_stream(args))
     return 0 if saved and result.status == "ok" else 1
+
+
+def _launch_stopped(exc: BaseException) -> int:
+    """A launched bench ended by a signal (the launcher stopped every rank): one line, and 128 + the signal."""
+    signum = int(getattr(exc, "sigval", None) or getattr(exc, "signum", signal.SIGINT))
+    if signum == signal.SIGINT:
+        return launch_commands.interrupted("scalekit bench")
+    _say(f"scalekit bench: stopped by {signal_name(signum)}; every rank was stopped")
+    return 128 + signum
 
 
 def cmd_generate(args, stop) -> int:

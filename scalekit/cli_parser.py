@@ -34,7 +34,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
     p.add_argument("--no-memory-check", dest="check_memory", action="store_false",
-                   help="run even when the planned peak memory is over twice this machine's")
+                   help="run even when the planned peak memory is over this machine's limit (RAM, the "
+                        "container's cgroup limit, or a GPU's free memory)")
     p.add_argument("--hf-model", default=None, metavar="FAMILY",
                    help="a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
                         "scalekit's GPT (needs transformers)")
@@ -166,7 +167,8 @@ def _generate_command(sub) -> None:
 def _tune_command(sub) -> None:
     tune = sub.add_parser("tune", help="search for the fastest configuration within a memory budget (autotune)")
     _run_options(tune)
-    _toggle_option(tune, "start from these toggles")
+    _toggle_option(tune, "toggles to try first, as one candidate against the baseline (kept only if faster; "
+                         "each switched off again once the rest is settled)")
     tune.add_argument("--budget-mb", type=float, default=None, help="peak-memory budget in MiB (default: none)")
     tune.add_argument("--time-budget-s", type=float, default=300.0, help="longest the search may take (default 300)")
     tune.add_argument("--run-steps", type=int, default=1000,

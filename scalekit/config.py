@@ -24,7 +24,8 @@ from .data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
 from .errors import ConfigError, ToggleUnavailable, toggle_why
 from .families import model_adapter, toggle_family
 from .models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
-from .toggles import TOGGLES, check_combination, normalise
+from .parallel import mesh_shape
+from .toggles import TOGGLES, check_combination, mesh_dims, normalise
 
 PRESET_NAMES = ("auto", *PRESETS)
 
@@ -92,7 +93,8 @@ class RunConfig:
     """Names of the linear layers that lora/dora/quantized_base act on (e.g. ('c_attn',)); None: every linear
     layer inside the model's repeated blocks."""
     check_memory: bool = True
-    """Refuse, before building, a run whose planned peak memory is over twice the machine's (GPU memory or RAM)."""
+    """Refuse, before building, a run whose planned peak memory is over the machine's limit (a GPU's free memory, or the
+    smaller of RAM and the container's cgroup limit) by more than the planner's error (scalekit.plan.check_fits)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What was said when the config was made, e.g. the TrainingArguments fields from_training_arguments did not
     map (kept here, not copied into results; not compared)."""
@@ -262,6 +264,17 @@ class RunConfig:
             ok, why = TOGGLES[name].available(hw)
             if not ok:
                 raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
+
+    def check_ranks(self, world: int) -> None:
+        """Refused (ConfigError, naming every number) when the parallel toggles' one mesh cannot be laid over
+        `world` ranks: the check each rank's build makes (parallel.mesh_shape), made before any rank starts."""
+        dims = mesh_dims(self.toggles)
+        if not dims:
+            return
+        try:
+            mesh_shape(dims, world)
+        except ConfigError as exc:
+            raise ConfigError(f"RunConfig.toggles: {exc}") from None
 
     # -- Hugging Face TrainingArguments (scalekit.hf.arguments holds the table of what maps to what) ------------
     @classmethod

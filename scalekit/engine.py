@@ -210,6 +210,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
     log = StepLog(ctx, result, on_step)
     total = cfg.warmup_steps + cfg.steps
     watch = CompileWatch() if ctx.compiled else None
+    interrupted = False
     if ctx.compiled:
         status("compiling: the first step includes compilation and can take a while")
     try:
@@ -243,14 +244,25 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
             raise  # every rank is being interrupted: the launcher ends them all
         log.timer.discard()  # the interrupted step did not finish: it is not a measurement
         result.status = "stopped"
-        result.notes.append("interrupted (Ctrl-C): the steps measured so far are kept")
+        interrupted = True
     finally:
         log.finish()
+        if result.status == "stopped":
+            _note_stop(result, interrupted)
         if watch is not None:
             _record_capture(watch, result)
     if ctx.device.type == "cuda" and log.wall_t0 is not None:
         result.peak_mem_bytes, result.peak_mem_reserved_bytes = memory.cuda_peak(ctx.device)
         result.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
+
+
+def _note_stop(result: RunResult, interrupted: bool) -> None:
+    """Why a stopped run has the steps it has; said also when it has none (its row would read a bare "stopped")."""
+    if not any(not step.warmup for step in result.steps):
+        result.notes.insert(0, "stopped (Ctrl-C, Stop or a termination signal) before its first measured step: "
+                               "nothing measured")
+    elif interrupted:
+        result.notes.append("interrupted (Ctrl-C): the steps measured so far are kept")
 
 
 def _watched(watch: CompileWatch | None, measured: bool):

@@ -89,13 +89,22 @@ def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
     if st is not None and not os.access(real, os.W_OK):
         raise ConfigError(f"{what} {given!r}{target} exists and is not writable")
     try:
-        fd, probe = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".probe")
+        fd, probe = tempfile.mkstemp(dir=real.parent, prefix=_temp_prefix(real), suffix=".probe")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(f"{what} {given!r}: the directory {str(real.parent)!r} is not writable "
                           f"({exc.strerror})") from None
     return Path(given)
+
+
+TEMP_NAME_CHARS = 32  # of the target's name kept in a temporary file's: at most 128 bytes, far below 255
+
+
+def _temp_prefix(real: Path) -> str:
+    """The start of a hidden temporary file's name beside `real`, saying whose it is.  Cut short: a target's
+    name may already take the whole of a file system's 255-byte limit, and the temporary name must still fit."""
+    return f".{real.name[:TEMP_NAME_CHARS]}."
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = False) -> Path:
@@ -110,7 +119,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO], None], binary: b
     if _is_stream(_stat(real, str(path), "output file")):
         _write_stream(real, write, binary)
         return real
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=_temp_prefix(real), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
@@ -180,6 +189,7 @@ def save_text(path: str | os.PathLike, text: str, what: str = "output file") -> 
 def keep_copy(text: str, name: str) -> Path | None:
     """A fallback copy of `text` in the temporary folder, else in the current one; None if neither works."""
     stem, suffix = os.path.splitext(name)
+    stem, suffix = stem[:100], suffix[:20]  # the copy's name must fit where the given one (up to 255 bytes) did
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     for folder in (tempfile.gettempdir, os.getcwd):
         try:

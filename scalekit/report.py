@@ -86,7 +86,9 @@ def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) 
     extra = [_trains(r), _heldout(r)] if finetune else []
     measured = r.step_ms.n if r.step_ms else 0
     if not r.finished and not (r.status == "failed" and measured):
-        return [r.label, *["—"] * 11, *extra, f"{r.status}: {r.error or ''}".strip()]
+        why = r.error or "; ".join(r.notes)  # a failure's error; a stopped or skipped row's notes say why
+        said = why if why.startswith(r.status) else f"{r.status}: {why}".strip()  # not "stopped: stopped ..."
+        return [r.label, *["—"] * 11, *extra, said]
     s = r.all_steps_ms or r.step_ms
     rate = r.tokens_per_s if throughput == "median" else r.tokens_per_s_wall
     statistic = statistics.median if throughput == "median" else statistics.fmean

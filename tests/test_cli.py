@@ -120,3 +120,35 @@ def test_doctor_reports_the_facts(capsys):
     for word in ("device", "bf16", "tf32", "peak bf16 (for MFU)", "torch.compile", "C++ compiler", "bitsandbytes",
                  "toggle tf32", "unavailable:"):
         assert word in out
+
+
+def test_a_mesh_the_ranks_cannot_form_is_refused_before_any_rank_starts(monkeypatch, capsys):
+    import time
+
+    import scalekit.launch.api as launch_api
+
+    started = []
+    monkeypatch.setattr(launch_api, "launch", lambda *args, **kwargs: started.append(args))
+    t0 = time.monotonic()
+    code = main(["bench", "--preset", "tiny", "--device", "cpu", "--nproc-per-node", "2", "--toggle", "fsdp",
+                 "--toggle", "tensor_parallel=4"])
+    took_s = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert code == 2 and not started, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("scalekit: error:") and "tensor_parallel degree 4 does not divide 2 ranks" in lines[0]
+    assert took_s < 5, took_s  # a check, not a launch (ranks take seconds to start)
+
+
+def test_launch_run_refuses_such_a_mesh_from_python_before_any_rank_starts(monkeypatch):
+    import scalekit.launch.api as launch_api
+    from scalekit import RunConfig
+    from scalekit.errors import ConfigError
+
+    started = []
+    monkeypatch.setattr(launch_api, "launch", lambda *args, **kwargs: started.append(args))
+    cfg = RunConfig(preset="tiny", device="cpu", toggles={"fsdp": True, "tensor_parallel": 4})
+    with pytest.raises(ConfigError, match="tensor_parallel degree 4 does not divide 2 ranks"):
+        launch_api.launch_run(cfg, nprocs=2, catch_errors=True)
+    assert not started

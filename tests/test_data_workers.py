@@ -241,7 +241,7 @@ def test_ctrl_c_in_a_terminal_stops_a_data_bound_run_cleanly_and_ends_the_worker
         out, err = interrupted(proc)
     finally:
         ended(proc)
-    assert proc.returncode == 1 and "stopped" in out and "exited unexpectedly" not in out + err, out + err
+    assert proc.returncode == 130 and "stopped" in out and "exited unexpectedly" not in out + err, out + err
     assert err.count("stopping after this step") == 1  # said by the run; the workers ignored the Ctrl-C
     assert gone(workers)
 

@@ -357,3 +357,28 @@ def test_a_name_with_a_nul_character_is_refused_naming_it(stub_runs, capsys):
     code, _, err = run_cli("bench", "r\x00.json", capsys)
     assert code == 2
     assert_one_line(err, "NUL")
+
+
+NAME_MAX = 255  # bytes in one file name, on the file systems Linux and macOS use
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_name_as_long_as_the_file_system_allows_is_written(command, tmp_path, stub_runs, capsys):
+    # the temporary file beside it must fit too: a name built on the whole target name would be over the limit
+    name = "r" * (NAME_MAX - len(".json")) + ".json"
+    code, _, err = run_cli(command, tmp_path / name, capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / name).read_text())
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary or probe left beside it
+
+
+def test_a_long_name_whose_write_fails_still_gets_a_fallback_copy(tmp_path, stub_runs, capsys):
+    name = "r" * (NAME_MAX - len(".json")) + ".json"
+    folder = tmp_path / "out"
+    folder.mkdir()
+    stub_runs.action = lambda: folder.rmdir()
+    code, _, err = run_cli("bench", folder / name, capsys)
+    assert code == 1
+    assert_one_line(err, "kept in")
+    assert json.loads(kept_copy(err).read_text())
+    kept_copy(err).unlink()

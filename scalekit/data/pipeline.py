@@ -29,9 +29,12 @@ def init_worker(worker_id: int) -> None:
     # for threads the fork did not copy.  On one thread there is no parallel region (torch's worker loop
     # sets this too; it is said again here, where it matters)
     torch.set_num_threads(1)
-    # Ctrl-C goes to the whole process group: the run (the main process) stops and then ends its workers;
-    # a worker that died of it first would turn a clean stop into "worker exited unexpectedly"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C goes to the whole process group, as a closed terminal's SIGHUP does: the run (the main process)
+    # stops and then ends its workers; a worker that died of it first would turn a clean stop into "worker
+    # exited unexpectedly".  SIGTERM stays: it is how the loader ends a worker that does not stop when asked
+    for signum in (signal.SIGINT, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class LoaderBatches:
