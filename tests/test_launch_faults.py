@@ -8,9 +8,12 @@ anything imports bitsandbytes (conftest).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import gc
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +23,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -30,6 +34,8 @@ import scalekit
 from scalekit.cli import main
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch, launch_run, launch_script
+from scalekit.launch.run_files import LOCK_NAME, remove_stale_folders, run_folder
+from scalekit.launch.signals import Signals
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
@@ -215,6 +221,10 @@ def _hanging_loss(model, batch):
 
 
 def test_launch_run_with_a_time_limit_comes_back_as_a_failed_result_naming_the_ranks():
+    # imported here, the forked ranks inherit it: the time limit then finds rank 1 in its hang rather than in
+    # this import of a DDP run's, seconds long on a busy machine
+    import torch._dynamo  # noqa: F401
+
     cfg = tiny(model=Regressor, batch_fn=regression_batch, loss_fn=_hanging_loss, toggles=["ddp"], batch_size=8)
     t0 = time.monotonic()
     result = launch_run(cfg, nprocs=2, timeout_s=HANG_LIMIT_S, catch_errors=True)
@@ -322,15 +332,19 @@ def _wait_for(predicate, timeout_s: float = 60) -> bool:
     return False
 
 
-def _ctrl_c_to_a_cli(argv, ready, fresh_tmp) -> subprocess.CompletedProcess:
-    """Run `scalekit ARGV` in a terminal-like process group, press Ctrl-C once `ready(proc)` holds."""
+def _ctrl_c_to_a_cli(argv, ready, fresh_tmp, signum=signal.SIGINT) -> subprocess.CompletedProcess:
+    """Run `scalekit ARGV` in a terminal-like process group, press Ctrl-C once `ready(proc)` holds (or send
+    another signal to the command alone, as `kill` or a scheduler does)."""
     env = dict(os.environ, TMPDIR=str(fresh_tmp))
     proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         assert _wait_for(lambda: ready(proc)), "the ranks did not start"
         time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+        else:
+            os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=30)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -356,7 +370,8 @@ def test_ctrl_c_to_scalekit_launch_prints_one_line_and_exits_130(tmp_path, fresh
     assert not any(str(script) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
 
 
-def test_ctrl_c_to_scalekit_bench_with_ranks_prints_one_line_and_exits_130(fresh_tmp):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_scalekit_bench_with_ranks_prints_one_line_and_exits_128_plus_it(signum, fresh_tmp):
     argv = ["bench", "--preset", "tiny", "--device", "cpu", "--data", "synthetic", "--steps", "100000",
             "--toggle", "ddp", "--nproc-per-node", "2"]
     pids = []
@@ -366,10 +381,11 @@ def test_ctrl_c_to_scalekit_bench_with_ranks_prints_one_line_and_exits_130(fresh
         pids[:] = [p.pid for p in ranks]
         return len(ranks) == 2 and any(fresh_tmp.glob("scalekit-launch-*"))
 
-    done = _ctrl_c_to_a_cli(argv, ready, fresh_tmp)
-    assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "scalekit bench: interrupted; every rank was stopped"
-    assert "Traceback" not in done.stderr, done.stderr
+    done = _ctrl_c_to_a_cli(argv, ready, fresh_tmp, signum)
+    assert done.returncode == 128 + signum, done.stderr
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert done.stderr.strip().splitlines()[-1] == f"scalekit bench: {said}; every rank was stopped"
+    assert "Traceback" not in done.stderr and "SignalException" not in done.stderr, done.stderr
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
 
@@ -408,3 +424,202 @@ def test_a_bad_nprocs_names_the_argument_and_the_allowed_values(nprocs):
     with pytest.raises(ConfigError, match=r"launch\(nprocs=\.\.\.\) must be a positive integer \(the number of "
                                           r"ranks: 1, 2, \.\.\.\)"):
         launch(_hello, nprocs=nprocs)
+
+
+# -- a launcher killed outright (SIGKILL, the OOM killer) -------------------------------------------------------
+RANKS_END_S = 5  # after their launcher is killed, its ranks must be gone within this
+
+SLEEPS_UNDER_A_LAUNCHER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import scalekit
+    import scalekit.launch.rank as rank_module
+
+    def sleeps(ready_dir):
+        Path(ready_dir, str(os.getpid())).touch()
+        time.sleep(60)
+
+    if __name__ == "__main__":
+        if sys.argv[2] == "watcher":  # as where prctl is missing: a thread in each rank looks for its launcher
+            rank_module.set_parent_death_signal = lambda signum: False
+        scalekit.launch(sleeps, sys.argv[1], nprocs=2)
+""")
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _kill_launcher_when_ranks_are_up(argv, rank_pids, fresh_tmp, tmp_path) -> list[int]:
+    """Start `argv` in a session of its own; once rank_pids() names 2 ranks, SIGKILL the launcher alone; return
+    the ranks' pids once they are all gone (the test fails if they outlive RANKS_END_S)."""
+    env = dict(os.environ, TMPDIR=str(fresh_tmp))
+    with open(tmp_path / "launcher.err", "w") as err:
+        launcher = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        started = _wait_for(lambda: len(rank_pids(launcher)) == 2 or launcher.poll() is not None)
+        pids = rank_pids(launcher)
+        assert started and len(pids) == 2, (tmp_path / "launcher.err").read_text()
+        launcher.kill()  # SIGKILL: no handler, no finally, no cleanup runs in the launcher
+        launcher.wait()
+        assert _wait_for(lambda: not any(map(_alive, pids)), RANKS_END_S), (
+            f"ranks {[p for p in pids if _alive(p)]} outlived their launcher by {RANKS_END_S} s")
+        return pids
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's session: its ranks too, were any left
+
+
+@pytest.mark.parametrize("how", ["prctl", "watcher"])
+def test_a_killed_launchers_ranks_end_within_seconds_and_the_next_launch_removes_its_folder(how, tmp_path,
+                                                                                          fresh_tmp):
+    script, ready = tmp_path / "sleeps.py", tmp_path / "ready"
+    script.write_text(SLEEPS_UNDER_A_LAUNCHER)
+    ready.mkdir()
+    _kill_launcher_when_ranks_are_up([sys.executable, str(script), str(ready), how],
+                                     lambda launcher: [int(p.name) for p in ready.iterdir()], fresh_tmp, tmp_path)
+    stale = list(fresh_tmp.glob("scalekit-launch-*"))
+    assert len(stale) == 1, stale  # the killed launcher could not remove its folder
+    assert launch(_hello, nprocs=2) == [0, 1]
+    assert not stale[0].exists(), "the next launch left the stale folder"
+
+
+def test_a_killed_bench_launchers_ranks_end_within_seconds(tmp_path, fresh_tmp):
+    argv = [sys.executable, "-m", "scalekit.cli", "bench", "--preset", "tiny", "--device", "cpu", "--data",
+            "synthetic", "--steps", "100000", "--toggle", "ddp", "--nproc-per-node", "2"]
+    _kill_launcher_when_ranks_are_up(argv, lambda launcher: [p.pid for p in _ranks_of(launcher)], fresh_tmp,
+                                     tmp_path)
+    remove_stale_folders(fresh_tmp)  # for the fixture: what the next launch would do
+
+
+def test_only_folders_nothing_holds_are_stale(fresh_tmp):
+    """A running launch's folder stays, and so does a kept one; a folder whose launch has ended goes."""
+    with run_folder(keep_logs=False, signals=Signals()) as live, run_folder(True, Signals()) as kept:
+        ended = fresh_tmp / "scalekit-launch-ended"
+        ended.mkdir()
+        (ended / LOCK_NAME).touch()  # its lock file, which nothing holds any more
+        assert remove_stale_folders(fresh_tmp) == [ended]
+        assert live.root.exists() and kept.root.exists()
+    assert not live.root.exists()
+    shutil.rmtree(kept.root)
+
+
+def test_a_folder_whose_launcher_is_gone_but_a_rank_lives_is_not_stale(fresh_tmp):
+    """A forked rank inherits its launcher's lock: while one lives, it may still write in the folder."""
+    folder = fresh_tmp / "scalekit-launch-orphaned"
+    folder.mkdir()
+    fd = os.open(folder / LOCK_NAME, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    rank = subprocess.Popen(["sleep", "30"], pass_fds=(fd,))  # holds the lock once this process lets go
+    os.close(fd)
+    try:
+        assert remove_stale_folders(fresh_tmp) == [] and folder.exists()
+    finally:
+        rank.kill()
+        rank.wait()
+    assert remove_stale_folders(fresh_tmp) == [folder] and not folder.exists()
+
+
+# -- what a rank cannot send back, and a full temp folder -----------------------------------------------------
+def _returns_a_lock():
+    return threading.Lock()
+
+
+def test_a_return_value_that_cannot_be_pickled_is_named_and_leaves_no_file(fresh_tmp):
+    with pytest.raises(LaunchError) as info:
+        launch(_returns_a_lock, nprocs=2)
+    assert _first_line(info.value).startswith(
+        "rank 0 could not send its return value back: cannot pickle '_thread.lock' object"), str(info.value)
+    assert info.value.rank == 0
+    # and no pytorch-errorfile-*.pickle in the temp folder: the fresh_tmp fixture checks
+
+
+def _fails_to_rebuild():
+    raise ValueError("cannot be rebuilt here")
+
+
+class _Unreadable:
+    def __reduce__(self):
+        return _fails_to_rebuild, ()
+
+
+def _returns_what_cannot_be_read_back():
+    return _Unreadable()
+
+
+def test_a_return_value_that_cannot_be_read_back_is_named():
+    with pytest.raises(LaunchError) as info:
+        launch(_returns_what_cannot_be_read_back, nprocs=2)
+    assert str(info.value) == ("rank 0's return value could not be read back in this process: ValueError: cannot "
+                               "be rebuilt here"), str(info.value)
+
+
+def test_a_full_temp_folder_is_refused_in_one_sentence_before_any_rank_starts(fresh_tmp, monkeypatch):
+    from scalekit.launch import run_files
+
+    monkeypatch.setattr(run_files.shutil, "disk_usage", lambda path: SimpleNamespace(total=1 << 30, used=1 << 30,
+                                                                                     free=0))
+    with pytest.raises(LaunchError) as info:
+        launch(_hello, nprocs=2)
+    assert str(info.value).startswith(f"no space left in the temp folder {fresh_tmp} (0 bytes free)"), str(info.value)
+    assert psutil.Process().children() == []
+
+
+def test_a_temp_folder_that_cannot_take_the_launch_folder_is_one_sentence(fresh_tmp, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    with pytest.raises(LaunchError, match=f"^no space left in the temp folder {re.escape(str(fresh_tmp))}"):
+        launch(_hello, nprocs=2)
+
+
+def _fills_the_disk_and_dies():
+    Path(tempfile.gettempdir(), "disk-full").touch()  # what the fake disk_usage below reads
+    os._exit(1)  # as a rank whose output and record found no room: it ends with no word of why
+
+
+def test_ranks_that_end_without_a_word_in_a_full_temp_folder_are_told_in_one_sentence(fresh_tmp, monkeypatch):
+    from scalekit.launch import run_files
+
+    def disk_usage(path):
+        free = 0 if (fresh_tmp / "disk-full").exists() else 1 << 30
+        return SimpleNamespace(total=1 << 30, used=(1 << 30) - free, free=free)
+
+    monkeypatch.setattr(run_files.shutil, "disk_usage", disk_usage)
+    with pytest.raises(LaunchError) as info:
+        launch(_fills_the_disk_and_dies, nprocs=2)
+    assert str(info.value).startswith(f"no space left in the temp folder {fresh_tmp} (0 bytes free)"), str(info.value)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path, monkeypatch):
+    """A 256 KiB tmpfs as the temp folder (mounting needs root, or the capability: skipped without)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
+    monkeypatch.setenv("TMPDIR", str(mount))
+    monkeypatch.setattr(tempfile, "tempdir", str(mount))
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fills_the_temp_folder_then_prints():
+    with contextlib.suppress(OSError), open(Path(tempfile.gettempdir(), f"fill{os.environ['RANK']}"), "wb") as f:
+        while True:
+            f.write(bytes(4096))
+            f.flush()
+    print("nowhere to go " * 1000)  # the rank's output file cannot grow: this raises, and so does its record
+
+
+def test_a_temp_folder_that_fills_while_ranks_run_is_one_sentence(small_tmpfs):
+    with pytest.raises(LaunchError) as info:
+        launch(_fills_the_temp_folder_then_prints, nprocs=2)
+    assert str(info.value).startswith(f"no space left in the temp folder {small_tmpfs} (0 bytes free)"), (
+        str(info.value))
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["fill0", "fill1"]  # no folder, no torch error file

@@ -9,6 +9,7 @@ import datetime
 import inspect
 import signal
 import sys
+import threading
 
 import pytest
 import torch
@@ -18,7 +19,12 @@ from torch.distributed.elastic.multiprocessing import LogsDest, PContext, start_
 from scalekit.launch.agent import LoopbackStore, RankLogs
 from scalekit.launch.run_files import RunFiles
 from scalekit.launch.signals import AGENT_SIGNALS
-from scalekit.launch.torch_hooks import PRIVATE_TORCH_HOOKS, SIGNALS_TO_HANDLE, USE_AGENT_STORE
+from scalekit.launch.torch_hooks import (
+    FORKS_IN_CALLER,
+    PRIVATE_TORCH_HOOKS,
+    SIGNALS_TO_HANDLE,
+    USE_AGENT_STORE,
+)
 
 
 def broken(hook: str, what: str) -> str:
@@ -65,7 +71,36 @@ def check_signals_to_handle(monkeypatch, tmp_path):
     assert not installed, broken(SIGNALS_TO_HANDLE, f"an empty list still installs torch's handlers for {installed}")
 
 
-CHECKS = {USE_AGENT_STORE: check_use_agent_store, SIGNALS_TO_HANDLE: check_signals_to_handle}
+def _forking_thread() -> str:
+    return threading.current_thread().name  # a forked child keeps the Thread of the thread that forked it
+
+
+def check_forks_in_caller(monkeypatch, tmp_path):
+    """A rank started from a thread of the launcher's was forked by that very thread."""
+    monkeypatch.setenv(SIGNALS_TO_HANDLE, "")
+    files = RunFiles(tmp_path)
+    files.touch_logs(1)
+    seen = {}
+
+    def start():
+        pcontext = start_processes(name="probe", entrypoint=_forking_thread, args={0: ()}, envs={0: {}},
+                                   start_method="fork", logs_specs=RankLogs(files, redirect=False))
+        try:
+            seen["result"] = pcontext.wait(timeout=30, period=0.05)
+        finally:
+            pcontext.close(signal.SIGTERM, 5)
+
+    caller = threading.Thread(target=start, name="scalekit-probe-caller")
+    caller.start()
+    caller.join(60)
+    result = seen.get("result")
+    assert result is not None and not result.is_failed(), f"the probe rank did not return: {result}"
+    assert result.return_values == {0: caller.name}, broken(
+        FORKS_IN_CALLER, f"the rank was forked by the thread {result.return_values[0]!r}, not the caller")
+
+
+CHECKS = {USE_AGENT_STORE: check_use_agent_store, SIGNALS_TO_HANDLE: check_signals_to_handle,
+          FORKS_IN_CALLER: check_forks_in_caller}
 
 
 def test_every_private_hook_has_a_check_and_says_why():

@@ -11,6 +11,7 @@ tells how a failed launch ended.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from .. import hardware
 from ..errors import ConfigError
 from . import guards
 from .agent import Agent
-from .rank import rank_main
+from .rank import UnreadableReturnValue, rank_main
 from .report import LaunchError, report
 from .run_files import run_folder
 from .signals import Signals
@@ -43,15 +44,16 @@ def launch(fn: Callable, *args, nprocs: int | None = None, kwargs: dict | None =
         raise ConfigError(f"launch(kwargs=...) must be a dict of keyword arguments for fn, got {type(kwargs).__name__}")
     with Signals() as signals, run_folder(keep_logs, signals) as files:
         files.touch_logs(nprocs)
+        launcher_pid = os.getpid()
 
         def rank_fn(*rank_args):
-            return rank_main(fn, rank_args, kwargs or {}, files)
+            return rank_main(fn, rank_args, kwargs or {}, files, launcher_pid)
 
         rank_fn.__name__ = rank_fn.__qualname__ = getattr(fn, "__name__", "fn")
         outcome = Agent(rank_fn, args, nprocs, "fork", files, timeout_s, signals).run()
         if outcome.failed:
             raise report(outcome, files, keep_logs)
-        return [outcome.return_values[r] for r in range(nprocs)]
+        return _readable([outcome.return_values[r] for r in range(nprocs)])
 
 
 def launch_script(script: str, script_args=(), nprocs: int | None = None, module: bool = False,
@@ -80,6 +82,8 @@ def launch_run(config, nprocs: int | None = None, catch_errors: bool = False, ti
     """
     from ..measure.results import RunResult
 
+    nprocs = _check_nprocs(nprocs)
+    config.check_ranks(nprocs)  # a mesh the ranks cannot form is refused before any of them starts
     try:
         return launch(_run_config, config, nprocs=nprocs, timeout_s=timeout_s, keep_logs=keep_logs)[0]
     except (LaunchError, guards.ForkUnsafeError) as exc:
@@ -90,6 +94,14 @@ def launch_run(config, nprocs: int | None = None, catch_errors: bool = False, ti
         error = "; ".join(line.strip() for line in lines) if getattr(exc, "timed_out", False) else lines[0]
         return RunResult(label=config.label or config.describe(), config=config.to_dict(), status="failed",
                          error=error[:600])
+
+
+def _readable(values: list) -> list:
+    unreadable = next((v for v in values if isinstance(v, UnreadableReturnValue)), None)
+    if unreadable is not None:
+        raise LaunchError(f"rank {unreadable.rank}'s return value could not be read back in this process: "
+                          f"{unreadable.error}", rank=unreadable.rank)
+    return values
 
 
 def _run_config(config):

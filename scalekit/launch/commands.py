@@ -169,9 +169,11 @@ def run_command(args) -> int:
         print(f"scalekit launch: {exc}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, SignalException) as exc:
-        if isinstance(exc, SignalException) and exc.sigval != signal.SIGINT:  # SIGTERM, SIGHUP: as a shell says
-            print(f"scalekit launch: stopped by {exc.sigval.name}; every rank was stopped", file=sys.stderr)
-            return 128 + exc.sigval
+        # the launcher's SignalException, or the CLI's KeyboardInterrupt that keeps its signal (before the launcher)
+        signum = signal.Signals(getattr(exc, "sigval", None) or getattr(exc, "signum", signal.SIGINT))
+        if signum != signal.SIGINT:  # SIGTERM, SIGHUP: as a shell says
+            print(f"scalekit launch: stopped by {signum.name}; every rank was stopped", file=sys.stderr)
+            return 128 + signum
         return interrupted("scalekit launch")
 
 

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import LaunchError
 from .rank import rank_main
-from .run_files import RunFiles
+from .run_files import RunFiles, out_of_space
 
 if TYPE_CHECKING:
     from .agent import Outcome
@@ -56,6 +56,9 @@ def report(outcome: Outcome, files: RunFiles, keep_logs: bool) -> LaunchError:
     logs_dir = str(files.root) if keep_logs else None
     if outcome.still_running:
         return _timeout_error(outcome, ends, files, logs, logs_dir)
+    full = None if any(e.kind == "raised" for e in ends.values()) else out_of_space(files.root.parent)
+    if full is not None:  # no rank could say why: what each would have written had nowhere to go
+        return full
     failures = sorted((e for e in ends.values() if e.kind in ("raised", "exited")),
                       key=lambda e: (e.consequence, e.time))
     if not failures:  # torch saw a failure none of our records shows
@@ -94,8 +97,8 @@ def _rank_end(rank: int, outcome: Outcome, files: RunFiles) -> RankEnd:
         exit_time is None or exit_time >= stopping)
     record = _failure_record(files.failure(rank))
     if record is not None:  # a forked rank that raised: its traceback and the time it raised
-        return RankEnd(rank, "raised", record["time"], f"failed: {record['error']}", record["traceback"],
-                       consequence=_peer_gone(record["error"]))
+        return RankEnd(rank, "raised", record["time"], record["text"] or f"failed: {record['error']}",
+                       record["traceback"], consequence=_peer_gone(record["error"]))
     if rank in outcome.still_running:
         return RankEnd(rank, "stopped")
     if code == 0 or (outcome.forked and files.done(rank).exists()):
@@ -116,7 +119,7 @@ def _rank_end(rank: int, outcome: Outcome, files: RunFiles) -> RankEnd:
 def _failure_record(path: Path) -> dict | None:
     with contextlib.suppress(OSError, ValueError, KeyError):
         record = json.loads(path.read_text())
-        return {key: record[key] for key in ("time", "error", "traceback")}
+        return {"text": record.get("text", ""), **{key: record[key] for key in ("time", "error", "traceback")}}
     return None
 
 

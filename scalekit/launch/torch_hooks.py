@@ -7,6 +7,7 @@ entry below against the installed torch and names the entry and the torch versio
 
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+FORKS_IN_CALLER = "start_processes forks in the calling thread"
 
 PRIVATE_TORCH_HOOKS = {
     USE_AGENT_STORE: (
@@ -19,4 +20,10 @@ PRIVATE_TORCH_HOOKS = {
         "raise SignalException at any moment, even half-way through starting the ranks, where scalekit's own "
         "hold a signal until every rank is known).  The variable is what torchrun's --signals-to-handle sets; "
         "that an empty list installs nothing is not documented."),
+    FORKS_IN_CALLER: (
+        "start_processes(start_method='fork') forks every rank from the thread that calls it.  Each rank asks the "
+        "kernel to kill it when the thread that forked it ends (prctl's PR_SET_PDEATHSIG follows that thread, "
+        "not the process: rank.end_with_launcher), so that a launcher killed outright leaves no rank behind; the "
+        "agent's thread runs the whole launch.  Were torch to fork from a helper thread that ends, every rank "
+        "would be killed as it starts.  torch's own worker wrapper assumes the same, but torch does not document it."),
 }
