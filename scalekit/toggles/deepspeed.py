@@ -7,7 +7,7 @@ import importlib.util
 import torch
 
 from ..checks import dict_or_none
-from ..distributed import release_model
+from ..distributed import available_with_ranks, distributed_available, release_model
 from .base import BuildContext, Spelling, Toggle
 
 MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")
@@ -21,8 +21,12 @@ def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # gradient_clipping 0: DeepSpeed clips gradients to a global norm of 1.0 unless told otherwise (its
+    # GRADIENT_CLIPPING_DEFAULT), which no other run in scalekit does; with it the ranks trained apart from one
+    # process (losses 8e-4 apart by the third step, at stage 0 too: a rescaled gradient moves Adam's update)
     return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
             "train_batch_size": micro_batch * ranks, "zero_optimization": zero, "bf16": {"enabled": bf16},
+            "gradient_clipping": 0.0,
             "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 2**31 - 1}
 
@@ -63,16 +67,15 @@ class DeepSpeed(Toggle):
     }
 
     def available(self, hw) -> tuple[bool, str]:
-        if hw.device_type != "cuda":
-            # checked with DeepSpeed 0.19.8 and torch 2.13 on 2 gloo ranks: its CPU accelerator runs ZeRO 1-3, but its
-            # engine (stage 0 too) drifts from one process's training (losses 8e-4 apart by the third step), so
-            # on a CPU scalekit offers zero/fsdp, which match one process, instead
-            return False, ("scalekit runs DeepSpeed on CUDA GPUs only; this run is on the CPU, where DeepSpeed's CPU "
-                           "accelerator trains differently from one process (checked: 8e-4 apart in 3 steps): use "
-                           "zero='zero1'/'zero2' or fsdp, which match it")
+        ok, why = self.available_in_ranks(hw)
+        return available_with_ranks("DeepSpeed") if ok else (ok, why)
+
+    def available_in_ranks(self, hw) -> tuple[bool, str]:
+        # on a CPU, DeepSpeed's CPU accelerator runs ZeRO 1-3 over gloo (tests/test_distributed_deepspeed.py: as one
+        # process trains, to 1e-5); its speed there says nothing of a GPU's
         if importlib.util.find_spec("deepspeed") is None:
             return False, "DeepSpeed is not installed: pip install 'scalekit[deepspeed]' (it builds its ops on first use)"
-        return True, ""
+        return distributed_available()
 
     def apply(self, ctx: BuildContext, value: str) -> None:
         import deepspeed
