@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import re
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,19 @@ def test_the_package_itself_caps_nothing():
     assert not capped, capped
 
 
+def site_dirs() -> list[str]:
+    """Where pip installs: the environment's site-packages.  (Not all of sys.path: setuptools puts its own vendored
+    copies of packaging, platformdirs, ... on it once imported, which pip never installed.)"""
+    paths = sysconfig.get_paths()
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
 @pytest.mark.skipif(os.environ.get("SCALEKIT_TEST_LATEST") == "1",
                     reason="SCALEKIT_TEST_LATEST=1 runs the suite on the newest releases instead of the lock")
 def test_this_environment_is_the_locked_one():
     # packages left on a machine hide a moved pin: the suite checks it runs on what the lock says
     pins = lock_pins(LOCK.read_text())
-    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in md.distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in md.distributions(path=site_dirs())}
     differ = [f"{name} {installed[name]} (the lock: {version})" for name, version in sorted(pins.items())
               if name in installed and installed[name] != version]
     assert not differ, (f"installed versions differ from requirements/lock.txt: {differ}; install through the "
