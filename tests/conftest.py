@@ -177,6 +177,17 @@ def _library_state_kept():
 _MISSING = object()
 
 
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty token cache of the test's own (SCALEKIT_CACHE), with the process's memo of checked caches cleared."""
+    from scalekit.data import shakespeare
+
+    monkeypatch.setenv("SCALEKIT_CACHE", str(tmp_path / "cache"))
+    shakespeare._VALIDATED.clear()
+    yield tmp_path / "cache"
+    shakespeare._VALIDATED.clear()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _scalekit_cache(tmp_path_factory):
     # tokenized corpus goes to a per-session folder unless the caller chose one

@@ -188,3 +188,20 @@ def small_mount(folder: Path, size: str = "256k", read_only: bool = False):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)
+
+
+def losses_over_ranks(ctx, steps: int, group) -> list[float]:
+    """`steps` training steps of a built run; each step's loss averaged over the ranks of `group` (None: one
+    process), as one process with the whole batch would report it."""
+    import torch.distributed as dist
+
+    from scalekit.engine import train_step
+
+    losses = []
+    for _ in range(steps):
+        loss = train_step(ctx, next(ctx.batches)).detach()
+        if group is not None:
+            dist.all_reduce(loss)
+            loss /= group.world_size
+        losses.append(loss.item())
+    return losses

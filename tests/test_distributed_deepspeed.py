@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 import scalekit
 from scalekit import distributed
-from scalekit.engine import build, train_step
+from scalekit.engine import build
 from scalekit.launch import launch
 from scalekit.toggles.deepspeed import ds_config
-from tests.helpers import tiny
+from tests.helpers import losses_over_ranks, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
@@ -34,13 +34,7 @@ def train(toggles: dict) -> tuple[list[float], dict[str, torch.Tensor]]:
     with contextlib.ExitStack() as stack:
         group = distributed.setup(CPU, stack, cfg.batch_size) if toggles else None
         ctx = build(cfg, CPU, stack)
-        losses = []
-        for _ in range(STEPS):
-            loss = train_step(ctx, next(ctx.batches)).detach()
-            if group is not None:
-                dist.all_reduce(loss)
-                loss /= group.world_size
-            losses.append(loss.item())
+        losses = losses_over_ranks(ctx, STEPS, group)
         with gathered(ctx.base_model, toggles):
             params = {name: p.detach().clone() for name, p in ctx.base_model.named_parameters()}
         del ctx

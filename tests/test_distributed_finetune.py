@@ -17,7 +17,8 @@ import scalekit
 from scalekit import RunConfig, distributed
 from scalekit.launch import launch
 from scalekit.toggles import needs_process_group
-from scalekit.training import build, train_step
+from scalekit.training import build
+from tests.helpers import losses_over_ranks
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
@@ -27,18 +28,12 @@ STEPS = 3
 def _train(toggles):
     cfg = RunConfig(preset="shakespeare-char", init="pretrained", data="new-plays", seq_len=64, batch_size=8,
                     lr=1e-3, toggles=toggles, device="cpu").resolve(CPU)
-    losses = []
     with contextlib.ExitStack() as stack:
         group = distributed.setup(CPU, stack, cfg.batch_size) if needs_process_group(cfg.toggles) else None
         ctx = build(cfg, CPU, stack)
         frozen = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                   for n, p in ctx.base_model.named_parameters() if not p.requires_grad}
-        for _ in range(STEPS):
-            loss = train_step(ctx, next(ctx.batches)).detach()
-            if group is not None:
-                dist.all_reduce(loss)
-                loss /= group.world_size
-            losses.append(loss.item())
+        losses = losses_over_ranks(ctx, STEPS, group)
         params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                   for n, p in ctx.base_model.named_parameters()}
         sharded = sum(hasattr(p, "full_tensor") for p in ctx.base_model.parameters())

@@ -266,12 +266,6 @@ def test_lab_saves_atomically_and_refuses_a_missing_folder(tmp_path):
 
 
 # -- the token cache -------------------------------------------------------------------------------------------
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SCALEKIT_CACHE", str(tmp_path / "cache"))
-    shakespeare._VALIDATED.clear()
-    yield tmp_path / "cache"
-    shakespeare._VALIDATED.clear()
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "bytes changed", "record deleted", "file deleted"])

@@ -18,14 +18,6 @@ from scalekit.inference import generate
 from tests.helpers import CPU, small_mount
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SCALEKIT_CACHE", str(tmp_path / "cache"))
-    shakespeare._VALIDATED.clear()
-    yield tmp_path / "cache"
-    shakespeare._VALIDATED.clear()
-
-
 def cache_on(folder: Path, monkeypatch) -> Path:
     monkeypatch.setenv("SCALEKIT_CACHE", str(folder))
     shakespeare._VALIDATED.clear()
