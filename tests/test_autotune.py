@@ -35,8 +35,8 @@ class Machine:
     @staticmethod
     def product(table, cfg) -> float:
         f = 1.0
-        for name in cfg.toggles:
-            f *= table.get(name, 1.0)
+        for name, value in cfg.toggles.items():  # "name=value" where one value differs from another
+            f *= table.get(f"{name}={value}", table.get(name, 1.0))
         return f
 
     def peak(self, cfg, table) -> int:
@@ -157,6 +157,55 @@ def test_a_slow_choice_that_fits_the_budget_does_not_win_for_fitting_first():
     assert result.best.toggles == {"checkpointing": 1, "fused_adamw": True}
     assert result.speedup_vs_start.estimate == pytest.approx(0.8 * 1.25)
     assert_no_measured_fitting_configuration_is_faster(result, machine, budget_bytes=200)
+
+
+def test_grad_accum_is_a_memory_lever_and_fp32_with_it_is_crowned_when_fastest_within_budget():
+    # issue 44 as chapter 99 met it: bf16 + sdpa handed in, bf16 at 0.08× on this CPU, the baseline (fp32) over the
+    # budget; 2 micro-batches of 4 rows fit at 0.95× and beat every other lever that fits.  The changes are the ones
+    # the toggles declare (Toggle.tuning), so this fails if grad_accum stops declaring itself
+    from scalekit.autotune import declared_changes
+
+    declared = declared_changes("train", CPU)
+    machine = Machine(speed={"bf16": 0.08, "grad_accum=2": 0.95, "grad_accum=4": 0.85, "checkpointing": 0.8},
+                      memory={"bf16": 0.6, "sdpa": 0.9, "grad_accum=2": 0.6, "grad_accum=4": 0.4,
+                              "checkpointing": 0.5}, base_peak=300)
+    space = dataclasses.replace(machine.space([(label, change) for label, change, _ in declared]),
+                                memory_only=frozenset(label for label, _, tune in declared if tune.memory_only))
+    result = search(dataclasses.replace(START, toggles={"bf16": True, "sdpa": True}), space, budget_bytes=200)
+    c = by_label(result)
+    assert machine.measured[0] == {} and {"grad_accum": 2} in machine.measured  # fp32 with 2 micro-batches
+    assert c["grad_accum=2 (to fit)"].reason.startswith("fits the budget where the best does not, at 0.950×")
+    assert {"checkpointing": 1} in machine.measured and {"grad_accum": 4} in machine.measured  # the rivals it beat
+    crowned = result.crowned[0]
+    assert crowned.label == "crowned: grad_accum=2 (to fit)" and result.best.toggles == {"grad_accum": 2}
+    assert result.speedup_vs_start.estimate == pytest.approx(0.95)
+    assert_no_measured_fitting_configuration_is_faster(result, machine, budget_bytes=200)
+
+
+def test_grad_accum_is_tried_on_the_real_machine_and_a_count_that_cannot_split_the_batch_is_not():
+    # the tiny GPT for real: at batch 8 the baseline's peak (≈6.5 MiB) is over 5.5 MiB and 2 micro-batches
+    # (≈4.3 MiB) are under; the search, handed bf16 + sdpa, measures fp32 with grad_accum and its winner fits
+    from scalekit.autotune import machine_space
+    from scalekit.autotune.search import _ratio, _standing
+
+    budget = int(5.5 * 2**20)
+    start = dataclasses.replace(START, toggles={"bf16": True, "sdpa": True}, steps=4, warmup_steps=1)
+    space = machine_space(start, CPU)
+    space = dataclasses.replace(space, changes=[(label, change) for label, change in space.changes
+                                                if "grad_accum" in change], batch_sizes=lambda cfg, budget: [])
+    assert [label for label, _ in space.changes] == ["grad_accum=2 (to fit)", "grad_accum=4 (to fit)"]
+    found = search(start.resolve(CPU), space, budget_bytes=budget, time_budget_s=60)
+    measured = {c.label: c for c in found.candidates}
+    assert found.standings[0].peak_bytes > budget  # the baseline does not fit: the levers are tried
+    assert measured["grad_accum=2 (to fit)"].rounds >= MIN_ROUNDS
+    assert measured["grad_accum=2 (to fit)"].peak_bytes <= budget
+    winner = _standing(found)
+    assert winner is not None and winner.peak_bytes <= budget
+    assert all(scalekit.measure.stats.verdict(_ratio(s, winner), 1 + MIN_GAIN) != "faster"
+               for s in found.standings if s.peak_bytes <= budget)
+    # a batch of 3 cannot be split in 2 or 4: refused in words before the planner or a run is asked
+    odd = machine_space(dataclasses.replace(START, batch_size=3), CPU)
+    assert "must divide batch_size=3" in odd.conflicts({"grad_accum": 2})
 
 
 def test_the_final_check_crowns_a_measured_configuration_faster_than_the_pick():

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..checks import micro_batch_rows
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..measure.stats import sentence
+from ..toggles import plan_facts
 from .search import Candidate, Search
 
 
@@ -106,9 +108,14 @@ def config_conflicts(base):
 
     def conflicts(toggles: dict) -> str | None:
         try:
-            dataclasses.replace(base, toggles=toggles)
+            cfg = dataclasses.replace(base, toggles=toggles)
         except ConfigError as exc:
             return str(exc).split(": ", 1)[-1]
+        if hasattr(cfg, "batch_size"):  # micro-batches that do not split the batch: refused before the planner is
+            try:  # asked (it refuses them too, with an error the search does not expect)
+                micro_batch_rows(cfg.batch_size, 1, plan_facts(cfg.toggles).micro_batches)
+            except ConfigError as exc:
+                return str(exc)
         return None
 
     return conflicts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..checks import BATCH_SIZE_RANGE, int_in, micro_batch_rows
-from .base import BuildContext, Spelling
+from .base import BuildContext, Spelling, Tune
 from .counted import CountToggle
 
 
@@ -16,6 +16,11 @@ class GradAccum(CountToggle):
     kind = "memory"
     phase = "step"
     default = 4
+    # a memory lever that leaves the update as it was (only the kernels get smaller), so it comes before the
+    # levers that recompute or approximate; tried only while the best is over the memory budget, the planner
+    # pruning a count that cannot fit, and the fastest configuration that fits is crowned at the end
+    tuning = (Tune(2, rank=120, label="grad_accum=2 (to fit)", memory_only=True),
+              Tune(4, rank=121, label="grad_accum=4 (to fit)", memory_only=True))
     choices = (2, 4, 8, 16)  # offered in the Lab and `scalekit toggles`; any count that divides the batch works
     unit = "micro-batches per optimizer step"
 
@@ -23,7 +28,6 @@ class GradAccum(CountToggle):
         micro_batch_rows(ctx.config.batch_size, 1, value)
         # the engine's train_step splits the batch, scales each loss by 1/k and clears grads (set_to_none)
         ctx.grad_accum_steps = value
-
 
     def plan(self, facts, value: int) -> None:
         facts.micro_batches = value
