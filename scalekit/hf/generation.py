@@ -32,8 +32,8 @@ def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
     if kind == "static" and not getattr(cls, "_can_compile_fullgraph", False):
         return False, f"='static' needs transformers' StaticCache, which {cls.__name__} does not support"
     if kind == "static-int8":
-        return False, ("='static-int8': transformers' quantized cache (QuantizedCache) grows with the sequence; "
-                       "use kv_cache='dynamic-int8' on a Hugging Face model")
+        return False, (f"='static-int8': transformers' quantized cache (QuantizedCache), the one {cls.__name__} can "
+                       f"keep, grows with the sequence; use kv_cache='dynamic-int8' on a Hugging Face model")
     if kind == "dynamic-int8" and importlib.util.find_spec("hqq") is None:
         return False, ("='dynamic-int8' needs transformers' QuantizedCache with its hqq backend, and hqq is not "
                        "installed (pip install 'scalekit[quant]')")

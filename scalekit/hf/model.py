@@ -300,8 +300,9 @@ class HFCausalLM(ModelAdapter):
         self.loss_chunks = mode  # build() makes the model's forward with labels compute the loss chunk by chunk
 
     def sequential_checkpoint_support(self) -> tuple[bool, str]:
-        return False, ("checkpoint_sequential passes one tensor from block to block, and Hugging Face blocks "
-                       "also take masks and position embeddings: use checkpointing=1 (every block) or k")
+        return False, (f"checkpoint_sequential passes one tensor from block to block, and the blocks of Hugging Face "
+                       f"{self.model_class.__name__} also take masks and position embeddings: use checkpointing=1 "
+                       f"(every block) or k")
 
     # -- generation (scalekit.hf.generation: transformers' caches, positions and masks) ----------------------
     def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:

@@ -40,16 +40,16 @@ def _in_out(layer: torch.nn.Module) -> tuple[int, int]:
     return tuple(layer.weight.shape)
 
 
-def check_rank(rank: int, toggle: str, layers: dict[str, torch.nn.Module]) -> None:
+def check_rank(rank: int, toggle: str, layers: dict[str, torch.nn.Module], model: str) -> None:
     """Refuse a rank above a layer's width: a rank-r update B·A of a layer with min(in, out) < r is not
-    low-rank any more, it only adds parameters (r · (in + out) of them)."""
+    low-rank any more, it only adds parameters (r · (in + out) of them).  `model` is the model's class name."""
     shapes = {name: _in_out(layer) for name, layer in layers.items()}
     too_narrow = [name for name, shape in shapes.items() if rank > min(shape)]
     if too_narrow:
         name, (n_in, n_out) = too_narrow[0], shapes[too_narrow[0]]
         limit = min(min(shape) for shape in shapes.values())
-        raise ConfigError(f"RunConfig.toggles[{toggle!r}]={rank}: the rank is above the width of layer {name!r} "
-                          f"({n_in} in, {n_out} out): at most {limit} for the layers adapted here (a low-rank "
+        raise ConfigError(f"RunConfig.toggles[{toggle!r}]={rank}: the rank is above the width of {model}'s layer "
+                          f"{name!r} ({n_in} in, {n_out} out): at most {limit} for the layers adapted here (a low-rank "
                           f"update needs r ≤ min(in, out); 8 to 64 is usual)")
 
 
@@ -59,7 +59,7 @@ def add_adapters(model: torch.nn.Module, rank: int, use_dora: bool, names=None) 
     peft = quiet_import("peft")
     targets = adapter_targets(model, names)
     modules = dict(model.named_modules())
-    check_rank(rank, "dora" if use_dora else "lora", {t: modules[t] for t in targets})
+    check_rank(rank, "dora" if use_dora else "lora", {t: modules[t] for t in targets}, type(model).__name__)
     # Conv1D stores its weight (in, out): peft must know, or its update would be transposed
     fan_in_fan_out = all(is_conv1d(modules[t]) for t in targets)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets,
