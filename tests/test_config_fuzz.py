@@ -1,7 +1,9 @@
 """Property tests: random values of every type at every RunConfig and GenerateConfig field, and at every flag of
 every command, are accepted or refused in words that name what was given: a ConfigError naming the field
 (`RunConfig.steps`), a one-line message naming the flag with exit code 2 — never another exception, never a
-traceback.  Validation only: no model is built (every command's work is a stub past its checks)."""
+traceback.  The commands' work is a stub past its checks; a sample of whole configs that validation accepts is
+built and run for one step (training) or a few tokens (generation), where a value that validates and then crashes
+the build shows."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 import scalekit
 from scalekit import ConfigError, RunConfig
 from scalekit.cli import main, parser
+from scalekit.engine import run as run_training  # the real ones, whatever stubbed_work does to the modules
 from scalekit.inference import GenerateConfig
+from scalekit.inference.engine import generate as run_generation
 from scalekit.inference.results import GenerateResult
 from scalekit.measure.results import RunResult
 from scalekit.measure.timing import Spread
@@ -118,6 +122,123 @@ def test_every_generate_config_field_takes_any_value_or_names_itself(field, data
         cfg.check_available(CPU)
 
     accepted_or_refused_naming("GenerateConfig", field, build)
+
+
+# -- accepted configs, built and run ---------------------------------------------------------------------------
+# Whole configs drawn from values a user may well pass (any toggle of the loop with True or one of its choices, the
+# fields' small and edge values); those validation accepts are built and run on the tiny models, where a value that
+# validates and then crashes the build would show.  Refused while building is fine if it is a ConfigError
+# (ToggleUnavailable is one) in one line; any other exception fails.
+BUILD_FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                              HealthCheck.filter_too_much])
+# not built here: compile (inductor's cold compile takes tens of CPU seconds; tests/test_compile*.py build it) and
+# the toggles that need several processes (refused in one: the validation fuzz above tries them)
+NOT_BUILT = {"compile", *(name for name, toggle in TOGGLES.items() if toggle.needs_process_group)}
+
+
+def drawn_toggles(data, loop: str) -> dict:
+    names = [name for name, toggle in TOGGLES.items() if loop in toggle.loops and name not in NOT_BUILT]
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=3), label="toggles")
+    # its own choices, or a small number or False, which some toggles take too
+    return {name: data.draw(st.sampled_from([True, *(TOGGLES[name].choices or ())]) | st.sampled_from([False, 0, 1, 3]),
+                            label=name) for name in chosen}
+
+
+class BlocksLM(torch.nn.Module):
+    """A model of your own: repeated blocks of linear layers, logits (B, T, V) from token ids."""
+
+    def __init__(self, vocab: int = 65, width: int = 16):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, vocab)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                          for _ in range(2))
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def own_loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def own_batches(batch_size: int, device: torch.device):
+    return torch.randint(0, 65, (batch_size, 8), device=device), torch.randint(0, 65, (batch_size, 8), device=device)
+
+
+OWN_SAMPLES = [(torch.randint(0, 65, (8,)), torch.randint(0, 65, (8,))) for _ in range(16)]
+# the built-in GPT, or your model with synthetic batches or with your dataset
+MODELS = st.sampled_from([{}, {"model": BlocksLM, "batch_fn": own_batches, "loss_fn": own_loss, "tokens_per_sample": 8},
+                          {"model": BlocksLM, "dataset": OWN_SAMPLES, "loss_fn": own_loss, "tokens_per_sample": 8}])
+
+
+def drawn_run_config(data) -> dict:
+    # fields that only go together (drawn apart, most of them would be refused)
+    preset, init = data.draw(st.sampled_from([("tiny", "random"), ("auto", "random"), ("shakespeare-char", "random"),
+                                              ("shakespeare-char", "pretrained")]))
+    data_name, rounds = data.draw(st.sampled_from([("auto", None), ("shakespeare", None), ("synthetic", None),
+                                                   ("shakespeare-raw", None), ("shakespeare-raw", 0), ("shakespeare-raw", 2)]))
+    every, batches, new_tokens = data.draw(st.sampled_from([(0, 2, 0), (1, 1, 0), (1, 2, 3)]))
+    # the preset's own sizes (None) only for the tiny one: shakespeare-char's step at its own is seconds of CPU
+    size = st.integers(1, 8) if preset == "shakespeare-char" else st.none() | st.integers(1, 8)
+    fields = st.fixed_dictionaries({
+        "batch_size": size, "seq_len": size | st.integers(9, 24), "log_every": st.integers(1, 3),
+        "lr": st.sampled_from([1e-8, 1e-3, 1.0]), "seed": st.integers(0, 2**63 - 1), "measure_memory": st.booleans(),
+        "check_memory": st.booleans(), "label": st.sampled_from([None, "a run", "é"]),
+        "adapter_targets": st.sampled_from([None, ("c_attn",), ("c_fc", "c_proj")]), "threads": st.sampled_from([None, 1])})
+    return dict(data.draw(fields), preset=preset, init=init, data=data_name, transform_rounds=rounds, eval_every=every,
+                eval_batches=batches, eval_new_tokens=new_tokens, **data.draw(MODELS), toggles=drawn_toggles(data, "train"),
+                steps=1, warmup_steps=0, device="cpu")
+
+
+def drawn_generate_config(data) -> dict:
+    fields = st.fixed_dictionaries({
+        "model": st.sampled_from(["shakespeare-char", "tiny", BlocksLM]),
+        "prompts": st.sampled_from(["ROMEO:", "ROMEO:" * 30, ["a", "bcd"], [[1, 2, 3]], [[5], [6, 7]]]),
+        "max_new_tokens": st.integers(1, 4), "temperature": st.sampled_from([0.0, 0.5, 2.0]),
+        "top_k": st.none() | st.integers(1, 70), "seed": st.integers(0, 2**63 - 1), "warmup_tokens": st.integers(0, 2),
+        "quality": st.booleans(), "quality_windows": st.integers(1, 2), "quality_seq_len": st.none() | st.integers(2, 24),
+        "measure_memory": st.booleans(), "threads": st.sampled_from([None, 1])})
+    return dict(data.draw(fields), toggles=drawn_toggles(data, "generate"), device="cpu")
+
+
+def validated_or_rejected(config_class, fields: dict):
+    """The config, past what a run checks before it builds; one refused there is not one this sample builds
+    (hypothesis draws another)."""
+    try:
+        cfg = config_class(**fields)
+        cfg.resolve(CPU).check_available(CPU)
+    except ConfigError:
+        reject()
+    return cfg
+
+
+def built_and_run_or_refused_in_one_line(run, cfg) -> None:
+    try:
+        result = run(cfg)
+    except ConfigError as exc:  # refused while building: fine, in one line a user can read
+        assert len(str(exc).strip().splitlines()) == 1, f"refused in more than one line: {exc}"
+        event("refused while building")  # (--hypothesis-show-statistics counts the outcomes)
+        return
+    event(f"built and ran: {result.status}")
+    assert result.status in ("ok", "diverged"), (result.status, result.error, cfg)
+
+
+@BUILD_FUZZ
+@given(data=st.data())
+def test_accepted_run_configs_build_and_run_one_step(data):
+    cfg = validated_or_rejected(RunConfig, drawn_run_config(data))
+    built_and_run_or_refused_in_one_line(run_training, cfg)
+
+
+@BUILD_FUZZ
+@given(data=st.data())
+def test_accepted_generate_configs_build_and_generate(data):
+    cfg = validated_or_rejected(GenerateConfig, drawn_generate_config(data))
+    built_and_run_or_refused_in_one_line(run_generation, cfg)
 
 
 # -- every flag of every command --------------------------------------------------------------------------------
