@@ -28,9 +28,10 @@ LORA_8_TRAINS = 16_384  # r·(in + out) over the 4 linear layers of tiny's 2 blo
 # id: (toggles, batch_size, what the run shows: fact -> its value, or a test of it); each trains on batch_size samples,
 # one optimizer step an epoch
 CASES = {
-    "baseline": ({}, 8, {"optimizer": "torch.optim.adamw.AdamW", "compile": [], "checkpointing": False,
+    "baseline": ({}, 8, {"optimizer": "torch.optim.adamw.AdamW", "compile": [], "checkpointing": False, "autocast": [],
                          "trained": lambda names: len(names) > 20 and not any("lora_" in n for n in names)}),
-    "bf16-accum4": ({"bf16": True, "grad_accum": 4}, 32, {"mixed_precision": "bf16", "accumulation": 4}),
+    "bf16-accum4": ({"bf16": True, "grad_accum": 4}, 32, {"mixed_precision": "bf16", "accumulation": 4,
+                                                          "autocast": ["bfloat16"]}),
     "compile": ({"compile": "default"}, 8, {"compile": lambda calls: calls and {c["backend"] for c in calls} == {"inductor"}}),
     "checkpointing2": ({"checkpointing": 2}, 8, {"checkpointing": True}),
     "tf32": ({"tf32": True}, 8, {}),  # Transformers refuses tf32=True without an Ampere GPU: left out where there is none
@@ -80,7 +81,8 @@ OWN_ALL = ["blocks.0.0.bias", "blocks.0.0.weight", "blocks.1.0.bias", "blocks.1.
            "head.weight"]
 OWN_CASES = {
     "own-baseline": ({}, {"trained": OWN_ALL}),
-    "own-bf16-accum2": ({"bf16": True, "grad_accum": 2}, {"mixed_precision": "bf16", "accumulation": 2}),
+    "own-bf16-accum2": ({"bf16": True, "grad_accum": 2}, {"mixed_precision": "bf16", "accumulation": 2,
+                                                          "autocast": ["bfloat16"]}),
     "own-lora4": ({"lora": 4}, {"trained_numel": 2 * 4 * (16 + 16),  # the two block layers only
                                 "trained": lambda names: len(names) == 4 and all(".lora_" in n for n in names)}),
     # both blocks under torch.utils.checkpoint: 2 calls a forward, and the recomputations do not call it again
@@ -96,9 +98,10 @@ def own_config(name: str) -> RunConfig:
                      tokens_per_sample=16, toggles=OWN_CASES[name][0], steps=2, warmup_steps=0, lr=1e-3)
 
 
-# facts only an Accelerator shows, and the targets where it does (the Trainer accumulates itself: its step count
-# says so; Lightning has no Accelerator)
-ACCELERATOR_FACTS = {"mixed_precision": ("hf", "accelerate"), "accumulation": ("accelerate",)}
+# facts only some targets show, and those targets: an Accelerator's precision (Lightning has none: autocast's dtype
+# shows its precision) and the accumulation an Accelerator or Lightning's Trainer counts (the Trainer accumulates
+# itself: its step count says so)
+TARGET_FACTS = {"mixed_precision": ("hf", "accelerate"), "accumulation": ("accelerate", "lightning")}
 
 
 def config(name: str) -> RunConfig:
@@ -115,6 +118,7 @@ def ran() -> dict:
              for target in targets for name in CASES]
     cases += [{"id": f"{target}/{name}", "code": export_code(own_config(name), target), "samples": 8,
                "prelude": OWN_MODEL} for target in targets for name in OWN_CASES]
+    cases.insert(1, {"id": "probe/network", "code": NETWORK_PROBE, "samples": 1})  # between two real cases
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_exported.py"))], input=json.dumps(cases),
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -126,6 +130,22 @@ def ran() -> dict:
     return out
 
 
+# code that reaches for the network: the runner must refuse the connection and report it
+NETWORK_PROBE = """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+except OSError as refused:
+    assert "no network connection may be attempted" in str(refused), refused
+"""
+
+
+def test_the_runner_refuses_and_reports_a_network_connection(ran):
+    assert ran["probe"]["network"]["network_attempts"] == ["('127.0.0.1', 9)"]
+    # each case reports its own attempts: the case run after the probe, and every other, none
+    assert all(f["network_attempts"] == [] for t in ran if t != "probe" for f in ran[t].values())
+
+
 def facts_of(ran: dict, target: str, case: str) -> dict:
     """What the exported code of `case` did in `target` (skipped where the framework is not installed)."""
     if importlib.util.find_spec(LIBRARIES[target]) is None:
@@ -133,13 +153,14 @@ def facts_of(ran: dict, target: str, case: str) -> dict:
                     f"(tests/test_hf_arguments.py)")
     facts = ran[target][case]
     assert "error" not in facts, facts.get("error")
+    assert facts["network_attempts"] == [], facts["network_attempts"]  # tests/run_exported.py refuses them
     assert facts["steps"] == STEPS[target], facts  # with accumulation too: one step of k micro-batches an epoch
     return facts
 
 
 def assert_shows(facts: dict, target: str, shows: dict) -> None:
     for key, expected in shows.items():
-        if target in ACCELERATOR_FACTS.get(key, (target,)):
+        if target in TARGET_FACTS.get(key, (target,)):
             assert (expected(facts[key]) if callable(expected) else facts[key] == expected), (key, facts[key], facts)
 
 
@@ -185,7 +206,7 @@ def test_the_code_exported_for_your_own_model_names_what_it_leaves_out():
     shy = export_code(dataclasses.replace(own_config("own-lora4"), model=NotOnMeta), "hf")
     assert 'target_modules="all-linear"' in shy
     assert "# note: your model could not be built on the meta device" in shy and "RunConfig.adapter_targets" in shy
-    for target in LIBRARIES:  # Lightning's too, where it is not installed to run it
+    for target in LIBRARIES:
         code = export_code(own_config("own-lora4"), target)
         compile(code, f"{target}.py", "exec")
         assert ("loss_fn(self.model, batch)" if target == "lightning" else "loss_fn(model,") in code
