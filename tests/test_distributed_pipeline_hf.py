@@ -259,13 +259,13 @@ def test_layers_that_do_not_split_into_the_stages_or_a_family_not_split_are_refu
         split_stages(three, 0, 2, per_rank=2)
     gpt2 = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=16, bos_token_id=0,
                                    eos_token_id=0)
-    families = "llama, mistral, qwen2, qwen3"
-    with pytest.raises(ConfigError, match=rf"GPT2LMHeadModel \(gpt2\) is not split into stages here; scalekit splits "
-                                          rf"the built-in GPT's blocks and the layers of Hugging Face decoders of the "
-                                          rf"families {families}"):
+    with pytest.raises(ConfigError, match=r"GPT2LMHeadModel \(gpt2\) is not split into stages here; scalekit splits "
+                                          r"the built-in GPT's blocks and the layers of Hugging Face decoders whose "
+                                          r"config declares their order \(config.base_model_pp_plan; .*\), and "
+                                          r"transformers declares none for this model"):
         split_stages(transformers.AutoModelForCausalLM.from_config(gpt2), 0, 2)
-    with pytest.raises(ToggleUnavailable, match=rf"toggle 'pipeline_parallel' splits .* families {families} into "
-                                                rf"stages; Hugging Face GPT2LMHeadModel is none of them"):
+    with pytest.raises(ToggleUnavailable, match=r"toggle 'pipeline_parallel' does not apply: GPT2LMHeadModel \(gpt2\) is not split "
+                                                r"into stages here; .* transformers declares none for this model"):
         scalekit.RunConfig(model=causal_lm(gpt2), toggles={"pipeline_parallel": "gpipe"})
 
 

@@ -1,20 +1,30 @@
-"""Pipeline stages of a Hugging Face decoder laid out as Llama is, in plain PyTorch (no transformers import).
+"""Pipeline stages of a Hugging Face decoder, in the order transformers declares for it (no transformers import).
 
-A Llama-style causal LM is `model.embed_tokens` → `model.layers[i]` (each taking the hidden state, the
-causal mask, the positions and the rotary position embeddings) → `model.norm` → `lm_head`; transformers
-declares that order in the config's `base_model_pp_plan`.  A stage owns a run of consecutive layers: the
-first also the token embeddings, the last the final norm and the head.  Every stage computes the rotary
-cos/sin and the causal mask for itself (the rotary embedding has no weights, only `inv_freq`): cheaper than
-sending them between ranks, as torchtitan keeps its `freqs_cis` on every stage.  Only the hidden state
-(batch × sequence × width) travels from stage to stage.
+transformers gives a decoder's base model a `base_model_pp_plan`: its parts in the order its forward runs them
+(Llama's `embed_tokens` → `layers` → `norm`; GPT-NeoX's `embed_in` → `emb_dropout` → `layers` →
+`final_layer_norm`).  The part that is a list of modules is the decoder layers; the parts before it turn the
+token ids into the first layer's input, the parts after it lead to the head (`get_output_embeddings()`).  A stage
+owns a run of consecutive layers: the first stage also the parts before them, the last the parts after and the
+head.  Only the hidden state (batch × sequence × width) travels from stage to stage.
 
-The families split here are those whose forward is exactly that chain (checked against the model's own
-forward in tests/test_distributed_pipeline_hf.py); others change the embeddings or the logits inside the
-model's forward (Gemma scales its embeddings, Gemma 2 caps its logits) or mix sliding and full layers, and
-are refused by name.
+What the model's own forward computes between those parts, each stage computes for itself, read from the config:
+- the rotary cos/sin (the rotary embedding has no weights, only `inv_freq`): cheaper than sending them, as
+  torchtitan keeps its `freqs_cis` on every stage;
+- a causal mask per kind of layer: `config.layer_types` ('full_attention' or 'sliding_attention': Gemma 2
+  alternates them), or, without it, one sliding window for every layer where the config sets one (Mistral's);
+- the logits capped (`config.final_logit_softcapping`, Gemma 2's tanh cap), as the causal LM's forward does.
+What lives inside a module (Gemma's scaled embeddings, GPT-NeoX's parallel residual) runs as it is.  Each family
+split here is checked against the model's own forward (tests/test_distributed_parallel_families.py).
+
+Refused, naming the model and what stops it: a model transformers declares no such order for (GPT-2, OPT and
+Falcon in transformers 5.25), layers of another kind than full or sliding attention, a rotary embedding that
+differs by layer kind.
 """
 
 from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,29 +33,74 @@ from torch import nn
 from ..errors import ConfigError
 from .chunked_loss import IGNORE_INDEX
 
-# transformers' model_type of the families whose forward is the chain above (full causal attention, or one
-# sliding window for every layer, Mistral's)
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+# the families whose stages are checked against their own forward (the rest of the rule is the config's)
+CHECKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_neox")
+LAYER_KINDS = ("full_attention", "sliding_attention")
+UNSCALED_LOGITS = ("logit_scale", "logits_scaling")  # config fields of logits scaled after the head (Cohere, Granite)
+
+
+def config_refusal(config, name: str) -> str | None:
+    """Why a model of class `name` with transformers config `config` cannot be split into stages (None: it can)."""
+    kind = getattr(config, "model_type", None)
+    named = f"{name}{f' ({kind})' if kind else ''}"
+    if not getattr(config, "base_model_pp_plan", None):
+        return (f"pipeline_parallel: {named} is not split into stages here; scalekit splits the built-in GPT's "
+                f"blocks and the layers of Hugging Face decoders whose config declares their order "
+                f"(config.base_model_pp_plan; {', '.join(CHECKED_FAMILIES)} checked), and "
+                f"{'transformers declares none for this model' if kind else 'this model has no such config'}")
+    other = sorted(set(getattr(config, "layer_types", None) or ()) - set(LAYER_KINDS))
+    if other:
+        return (f"pipeline_parallel: {named} has layers of kind {', '.join(other)}; its stages build causal masks "
+                f"for {' and '.join(LAYER_KINDS)} layers only")
+    scaled = [field for field in UNSCALED_LOGITS if getattr(config, field, None) not in (None, 1, 1.0)]
+    if scaled:
+        return (f"pipeline_parallel: {named} scales its logits after the head ({', '.join(scaled)}), which its "
+                f"last stage does not do")
+    return None
 
 
 def decoder_refusal(model: nn.Module) -> str | None:
     """Why `model` cannot be split into decoder stages here (None: it can)."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
     name = type(model).__name__
-    if kind not in FAMILIES:
-        return (f"pipeline_parallel: {name}{f' ({kind})' if kind else ''} is not split into stages here; scalekit "
-                f"splits the built-in GPT's blocks and the layers of Hugging Face decoders of the families "
-                f"{', '.join(FAMILIES)} (embeddings → layers → norm → head, as their base_model_pp_plan declares)")
-    inner = getattr(model, "model", None)
-    if inner is None or any(getattr(inner, p, None) is None for p in PARTS) or getattr(model, "lm_head", None) is None:
-        return f"pipeline_parallel: {name} has no model.{{{', '.join(PARTS)}}} and lm_head to split into stages"
-    kinds = set(getattr(config, "layer_types", None) or ())
-    if kinds - {"full_attention"}:
-        return (f"pipeline_parallel: {name} mixes attention kinds ({', '.join(sorted(kinds))}); its stages build "
-                f"one causal mask for every layer")
+    why = config_refusal(getattr(model, "config", None), name)
+    if why is not None:
+        return why
+    try:
+        parts = decoder_parts(model)
+    except (AttributeError, ValueError) as error:
+        return f"pipeline_parallel: {name}'s base_model_pp_plan does not lead to its parts ({error})"
+    if parts.rotary is not None and "layer_type" in inspect.signature(parts.rotary.forward).parameters:
+        return (f"pipeline_parallel: {name}'s rotary embedding differs by layer kind (its forward takes a "
+                f"layer_type), which the stages do not compute")
     return None
+
+
+@dataclass
+class DecoderParts:
+    """A Hugging Face decoder taken apart in its forward's order."""
+
+    before: list[nn.Module]  # token ids → the first layer's input (the embeddings, their dropout)
+    layers: nn.ModuleList
+    after: list[nn.Module]  # the last layer's output → the head's input (the final norm)
+    rotary: nn.Module | None  # the rotary position embedding (no weights), None where the model has none
+    head: nn.Module
+    embedding: nn.Module
+
+
+def decoder_parts(model: nn.Module) -> DecoderParts:
+    """`model`'s parts by its base model's base_model_pp_plan: the list of modules in it is the layers."""
+    base = model.base_model
+    names = list(model.config.base_model_pp_plan)
+    lists = [n for n in names if isinstance(base.get_submodule(n), nn.ModuleList)]
+    if len(lists) != 1:
+        raise ValueError(f"{len(lists)} lists of layers among {', '.join(names)}")
+    at = names.index(lists[0])
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError("no output embeddings (the head)")
+    return DecoderParts([base.get_submodule(n) for n in names[:at]], base.get_submodule(names[at]),
+                        [base.get_submodule(n) for n in names[at + 1:]], getattr(base, "rotary_emb", None), head,
+                        model.get_input_embeddings())
 
 
 def causal_mask(length: int, dtype: torch.dtype, device, window: int | None = None) -> torch.Tensor:
@@ -59,35 +114,53 @@ def causal_mask(length: int, dtype: torch.dtype, device, window: int | None = No
     return mask.masked_fill(~seen, torch.finfo(dtype).min)[None, None]
 
 
+def layer_windows(config) -> list[int | None]:
+    """Each layer's sliding window (None: full causal attention), as the model's forward builds its masks."""
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:  # one kind for every layer: sliding where the config sets a window (and does not turn it off)
+        every = window if getattr(config, "use_sliding_window", True) else None
+        return [every] * config.num_hidden_layers
+    return [window if kind == "sliding_attention" else None for kind in kinds]
+
+
 class DecoderStage(nn.Module):
-    """Layers [start, stop) of a Llama-style decoder, the embeddings on the first stage, norm and head on the last."""
+    """Layers [start, stop) of a Hugging Face decoder, what precedes them on the first stage, the norm and head on
+    the last."""
 
     def __init__(self, model: nn.Module, start: int, stop: int, first: bool, last: bool):
         super().__init__()
-        inner, config = model.model, model.config
+        parts, config = decoder_parts(model), model.config
         self.first, self.last = first, last
-        self.window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        self.embed_tokens = inner.embed_tokens if first else None
-        self.rotary_emb = inner.rotary_emb  # no weights: every stage computes its own cos/sin
-        self.layers = nn.ModuleList(inner.layers[start:stop])
-        self.norm, self.lm_head = (inner.norm, model.lm_head) if last else (None, None)
+        self.before = nn.ModuleList(parts.before if first else [])
+        self.rotary_emb = parts.rotary  # no weights: every stage computes its own cos/sin
+        self.layers = nn.ModuleList(parts.layers[start:stop])
+        self.windows = layer_windows(config)[start:stop]
+        self.after = nn.ModuleList(parts.after if last else [])
+        self.lm_head = parts.head if last else None
+        self.softcap = getattr(config, "final_logit_softcapping", None)
 
     @property
     def blocks(self) -> nn.ModuleList:
         return self.layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:  # token ids in
-            x = self.embed_tokens(x)  # (B, T, C)
+        for part in self.before:  # token ids in, on the first stage
+            x = part(x)  # (B, T, C)
         positions = torch.arange(x.shape[1], device=x.device)[None]  # (1, T)
-        rotary = self.rotary_emb(x, positions)  # (cos, sin), each (1, T, head_dim)
-        mask = causal_mask(x.shape[1], x.dtype, x.device, self.window)
-        for layer in self.layers:
-            out = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+        rotary = self.rotary_emb(x, positions) if self.rotary_emb is not None else None  # (cos, sin)
+        masks = {w: causal_mask(x.shape[1], x.dtype, x.device, w) for w in set(self.windows)}
+        for layer, window in zip(self.layers, self.windows, strict=True):
+            out = layer(x, attention_mask=masks[window], position_ids=positions, position_embeddings=rotary)
             x = out[0] if isinstance(out, tuple) else out  # (older transformers return a tuple)
         if not self.last:
             return x  # (B, T, C), sent to the next stage
-        return self.lm_head(self.norm(x))  # (B, T, vocab)
+        for part in self.after:
+            x = part(x)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        if self.softcap is not None:  # Gemma 2: the logits squashed into (-cap, cap), as its forward does
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 def decoder_targets(batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,8 @@ start and the end of every step: the bubble, (stages - 1) / (micro-batches + sta
 equal stages (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", 2021, section 2.2).
 
-A Hugging Face decoder laid out as Llama is (scalekit.models.decoder_stages) is split the same way: its layers
-into stages, the token embeddings on the first, the final norm and the head on the last.  Its loss is
+A Hugging Face decoder (scalekit.models.decoder_stages: the order its base_model_pp_plan declares) is split the
+same way: its layers into stages, the token embeddings on the first, the final norm and the head on the last.  Its loss is
 transformers' causal-LM loss (labels shifted by one, -100 ignored), each micro-batch's summed and divided by
 the whole batch's count of targets, so the step's gradient is the whole batch's mean however the ignored
 targets fall into micro-batches.
@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .chunked_loss import IGNORE_INDEX
-from .decoder_stages import DecoderStage, decoder_refusal, decoder_targets, summed_loss
+from .decoder_stages import DecoderStage, decoder_parts, decoder_refusal, decoder_targets, summed_loss
 
 # torch.distributed.pipelining and fsdp are imported where a pipeline is built: importing them takes about a
 # second, which `import scalekit` (every notebook kernel, every CLI call) should not pay
@@ -149,7 +149,8 @@ class Layout:
 
 
 def layout(model: nn.Module) -> Layout:
-    """The built-in GPT's layout or a Llama-style Hugging Face decoder's; refused (naming what is split) otherwise."""
+    """The built-in GPT's layout or a Hugging Face decoder's (by its base_model_pp_plan); refused (naming what
+    stops it) otherwise."""
     blocks = getattr(getattr(model, "transformer", None), "h", None)
     library = getattr(getattr(model, "config", None), "model_type", None)  # a Hugging Face model's family
     if blocks is not None and hasattr(model, "lm_head") and library is None:  # the built-in GPT (or nanoGPT's)
@@ -159,8 +160,9 @@ def layout(model: nn.Module) -> Layout:
     why = decoder_refusal(model)
     if why is not None:
         raise ConfigError(why)
-    head, embed = model.lm_head, model.model.embed_tokens
-    return Layout(model.model.layers, lambda *a: DecoderStage(model, *a),
+    parts = decoder_parts(model)
+    head, embed = parts.head, parts.embedding
+    return Layout(parts.layers, lambda *a: DecoderStage(model, *a),
                   (embed, head) if head.weight is embed.weight else None,
                   decoder_targets, summed_loss, summed=True, width=model.config.hidden_size)
 

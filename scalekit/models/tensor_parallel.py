@@ -9,8 +9,13 @@ two in backward (Shoeybi et al., "Megatron-LM", 2019, section 3).  Everything el
 The built-in GPT fuses q, k and v in one `c_attn` linear ([q; k; v] rows): split by columns as it is, rank 0
 would get all of q and half of k.  Its rows are regrouped by rank first ([q_0; k_0; v_0; q_1; k_1; v_1]) so
 each rank's slice holds its own heads' q, k and v; `full_parameters` undoes the regrouping.
+The built-in GPT is recognised by its class: GPT-2 from transformers or a nanoGPT-style model of your own has the
+same attribute names, not the same layout (GPT-2's c_attn is a Conv1D, its weight in × out).
 A Hugging Face model is split by its own plan (`config.base_model_tp_plan`, transformers' tensor-parallel
-plan), read here and applied with the same two torch styles.
+plan), its layers' entries read here and applied with the same two torch styles (where the plan gathers a
+column-split output whole again, as Phi-3's does for its fused qkv, or cuts a whole input for a row-split layer,
+the styles say so); its embeddings and head stay replicated.  A model transformers declares no plan for (GPT-2,
+OPT and Falcon in transformers 5.25) is refused, naming it.
 
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
 2022, section 4.2.2) splits what tensor parallelism leaves whole: between the split layers, the residual
@@ -39,14 +44,22 @@ from torch.distributed.tensor.parallel import (
 )
 
 from ..errors import ConfigError
+from .gpt import GPT
 
 GPT_PLAN = {"attn.c_attn": "colwise", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
-STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+# transformers' names of the styles, as torch's: a layer split by columns whose output is gathered whole again, a
+# layer split by rows that takes a whole input and cuts it (Phi-3's plan: its attention runs whole on every rank,
+# its fused qkv and gate/up weights split)
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+          "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+          "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate())}
+LOCAL_STYLES = ("colwise", "rowwise")  # the styles whose output stays split: what sequence parallelism rewrites
 
 
 def is_builtin_gpt(model: nn.Module) -> bool:
-    blocks = getattr(getattr(model, "transformer", None), "h", None)
-    return blocks is not None and len(blocks) > 0 and hasattr(blocks[0], "attn") and hasattr(blocks[0].attn, "c_attn")
+    """scalekit's own GPT (by its class: a nanoGPT-style model of your own, or GPT-2 from transformers, has the same
+    attribute names and neither its layout nor its plan)."""
+    return isinstance(model, GPT)
 
 
 def tp_plan(model: nn.Module, degree: int) -> tuple[list[tuple[nn.Module, dict]], int]:
@@ -64,25 +77,49 @@ def tp_plan(model: nn.Module, degree: int) -> tuple[list[tuple[nn.Module, dict]]
     return pairs, heads
 
 
+def layer_plan(config) -> dict[str, dict[str, str]]:
+    """A transformers config's tensor-parallel plan for its layers: {'layers': {'self_attn.q_proj': 'colwise', ...}}
+    (the embeddings and head, which the plan may name too, stay replicated)."""
+    layers: dict[str, dict[str, str]] = {}
+    for pattern, style in (getattr(config, "base_model_tp_plan", None) or {}).items():  # "layers.*.mlp.up_proj"
+        head, star, rest = pattern.partition(".*.")
+        if star:
+            layers.setdefault(head, {})[rest] = style
+    return layers
+
+
+def plan_refusal(config, name: str) -> str | None:
+    """Why a Hugging Face model of class `name` with transformers config `config` is not split here (None: it is)."""
+    layers = layer_plan(config)
+    if not layers:
+        return (f"tensor_parallel: {name} has no tensor-parallel plan: scalekit splits the built-in GPT "
+                f"(scalekit.models.gpt.GPT) and Hugging Face models whose config declares one for their layers "
+                f"(config.base_model_tp_plan), and transformers declares none for this model")
+    other = sorted({style for inner in layers.values() for style in inner.values() if style not in STYLES})
+    if other:
+        return (f"tensor_parallel: {name}'s plan uses {', '.join(other)}, which scalekit does not apply (it applies "
+                f"{', '.join(STYLES)})")
+    return None
+
+
 def _hf_plan(model: nn.Module) -> tuple[list[tuple[nn.Module, dict]], int, int]:
+    """A Hugging Face model's plan for its layers, refused in one line where it has none or it cannot be applied."""
     config = getattr(model, "config", None)
-    plan = getattr(config, "base_model_tp_plan", None)
     base = getattr(model, "base_model", None)
     name = type(model).__name__
-    if not plan or base is None:
-        raise ConfigError(f"tensor_parallel: {name} has no tensor-parallel plan (the built-in GPT has one; a Hugging "
-                          f"Face model brings its own as config.base_model_tp_plan, and this one has none)")
-    other = sorted({style for style in plan.values() if style not in STYLES})
-    if other:
-        raise ConfigError(f"tensor_parallel: {name}'s plan uses {', '.join(other)}, which scalekit does not apply "
-                          f"(it applies 'colwise' and 'rowwise' only)")
+    why = plan_refusal(config, name) if base is not None else plan_refusal(None, name)
+    if why is not None:
+        raise ConfigError(why)
+    layers = layer_plan(config)
     pairs: list[tuple[nn.Module, dict]] = []
-    layers = {}
-    for pattern, style in plan.items():  # "layers.*.self_attn.q_proj": "colwise"
-        head, _, rest = pattern.partition(".*.")
-        layers.setdefault(head, {})[rest] = style
     for head, inner in layers.items():
         pairs += [(block, dict(inner)) for block in base.get_submodule(head)]
+    for block, inner in pairs[:1]:  # torch's styles split nn.Linear (weight: out × in) only
+        odd = {sub: type(block.get_submodule(sub)).__name__ for sub in inner
+               if not isinstance(block.get_submodule(sub), nn.Linear)}
+        if odd:
+            raise ConfigError(f"tensor_parallel: {name}'s plan splits {', '.join(f'{k} ({v})' for k, v in odd.items())}"
+                              f", which torch's column- and row-wise styles do not split (they split nn.Linear)")
     heads = config.num_attention_heads
     return pairs, heads, getattr(config, "num_key_value_heads", None) or heads
 
@@ -151,6 +188,10 @@ def sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
 def sequence_styles(block: nn.Module, plan: dict, gpt: bool) -> dict:
     """A block's styles for sequence parallelism: its norms SequenceParallel, the row-wise layers reduce-scattering
     along the sequence, attention and the MLP gathering it at their input."""
+    if any(style not in LOCAL_STYLES for style in plan.values()):
+        raise ConfigError(f"tensor_parallel sequence_parallel: {type(block).__name__}'s plan gathers its layers' "
+                          f"outputs whole ({', '.join(sorted(set(plan.values())))}), which the sequence-parallel "
+                          f"styles do not rewrite (plans of 'colwise' and 'rowwise' only)")
     styles = {name: RowwiseParallel(output_layouts=Shard(1)) for name, style in plan.items() if style == "rowwise"}
     norms = [name for name, child in block.named_children() if _is_norm(child)]
     styles.update({name: SequenceParallel() for name in norms})

@@ -1,10 +1,12 @@
 """Pipeline parallelism: the model's blocks split into stages, one per rank, micro-batches flowing through them.
 
-The built-in GPT and Hugging Face decoders laid out as Llama is (Llama, Mistral, Qwen2, Qwen3: embeddings →
-layers → norm → head) are split (scalekit.models.pipeline, scalekit.models.decoder_stages); any other model is
-refused up front, naming the families that are.  Schedules: 'gpipe', '1f1b', 'interleaved' (two stages per
+The built-in GPT and the Hugging Face decoders whose config declares the order of their parts
+(base_model_pp_plan: embeddings → layers → norm → head; Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and GPT-NeoX
+checked) are split (scalekit.models.pipeline, scalekit.models.decoder_stages); any other model is refused up
+front, saying what stops it (GPT-2, OPT and Falcon: transformers declares no such order for them).  Schedules: 'gpipe', '1f1b', 'interleaved' (two stages per
 rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one process with the whole batch does
-(tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama).
+(tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama,
+tests/test_distributed_parallel_families.py for the other families).
 
 ',stages=S' runs pipelines of S stages side by side ('1f1b/8,stages=2' on 4 ranks: a (pipeline 2, data 2) mesh);
 fsdp, applied after this toggle, shards each stage over the pipelines and averages their gradients.  With
@@ -22,7 +24,7 @@ from torch import nn
 
 from ..distributed import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
-from ..models.decoder_stages import FAMILIES
+from ..models.decoder_stages import config_refusal
 from ..models.pipeline import (
     LOOPED,
     SCHEDULES,
@@ -80,11 +82,13 @@ class PipelineParallel(Toggle):
         return available_with_ranks("Pipeline parallelism")
 
     def applies_to(self, adapter) -> tuple[bool, str]:
-        # a module of your own is checked when it is built: a nanoGPT-style GPT (transformer.h, lm_head) is split
-        if adapter.architecture is None or adapter.architecture in FAMILIES:
+        # a module of your own is checked when it is built: a nanoGPT-style GPT (transformer.h, lm_head) is split;
+        # a Hugging Face model by what its config declares (the order of its parts, its kinds of layers)
+        config = getattr(adapter, "hf_config", None)
+        why = config_refusal(config, adapter.model_class.__name__) if config is not None else None
+        if why is None:
             return True, ""
-        return False, (f"splits the built-in GPT and Hugging Face decoders of the families {', '.join(FAMILIES)} into "
-                       f"stages; {adapter.family} is none of them")
+        return False, f"does not apply: {why.removeprefix(f'{self.name}: ')}"
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         return distributed_available()

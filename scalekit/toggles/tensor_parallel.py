@@ -66,6 +66,17 @@ class TensorParallel(CountToggle):
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("Tensor parallelism")
 
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        # a module of your own is checked when it is built (only the built-in GPT has a plan without a config); a
+        # Hugging Face model by the plan its config declares
+        config = getattr(adapter, "hf_config", None)
+        if config is None:
+            return True, ""
+        from ..models.tensor_parallel import plan_refusal  # torch's tensor-parallel API: imported when asked
+
+        why = plan_refusal(config, adapter.model_class.__name__)
+        return (True, "") if why is None else (False, f"does not apply: {why.removeprefix(f'{self.name}: ')}")
+
     def available_in_ranks(self, hw) -> tuple[bool, str]:
         return distributed_available()
 
