@@ -55,7 +55,7 @@ def test_qat_trains_a_hugging_face_llama():
 
 
 def test_a_model_without_block_linears_is_refused_naming_it():
-    with pytest.raises(ToggleUnavailable, match="qat found no linear layer.*ConvNet"):
+    with pytest.raises(ToggleUnavailable, match="qat' found no linear layer.*ConvNet"):
         run(RunConfig(model=ConvNet, batch_fn=image_batch, loss_fn=classify_loss, device="cpu", steps=1,
                       warmup_steps=0, toggles={"qat": True}))
 

@@ -25,8 +25,9 @@ def _forward_parameters(cls: type) -> frozenset:
     return frozenset(inspect.signature(cls.forward).parameters)
 
 
-def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
-    """Whether transformers keeps a KV cache of `kind` for models of `cls`, and why not."""
+def kv_cache_support(cls: type, kind: str | None, config=None) -> tuple[bool, str]:
+    """Whether transformers keeps a KV cache of `kind` for models of `cls` (of transformers config `config`, where
+    known), and why not."""
     if getattr(cls, "_is_stateful", False):
         return False, f"needs a KV cache, and {cls.__name__} keeps a recurrent state instead"
     if kind == "static" and not getattr(cls, "_can_compile_fullgraph", False):
@@ -37,7 +38,62 @@ def kv_cache_support(cls: type, kind: str | None) -> tuple[bool, str]:
     if kind == "dynamic-int8" and importlib.util.find_spec("hqq") is None:
         return False, ("='dynamic-int8' needs transformers' QuantizedCache with its hqq backend, and hqq is not "
                        "installed (pip install 'scalekit[quant]')")
+    if kind == "dynamic-int8" and config is not None:
+        return quantized_cache_support(cls, config)
     return True, ""
+
+
+# values per HQQ group in the int8 cache: new_cache passes it, and quantized_cache_support checks the heads against it
+KV_GROUP_VALUES = 64
+
+
+def quantized_cache_support(cls: type, config) -> tuple[bool, str]:
+    """Whether transformers' QuantizedCache (hqq backend) can hold the keys and values of a model of `config`:
+    every layer full attention (it keeps no sliding window), and each position's keys a whole number of groups
+    (hqq quantizes a (batch, kv heads, positions, head dim) tensor in groups of KV_GROUP_VALUES values and stops
+    on one whose size does not divide: with kv heads × head dim not a multiple, a batch × positions that does
+    not make up the difference fails)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    others = sorted(set(attention_layer_types(text)) - {"full_attention"})
+    if others:
+        return False, (f"='dynamic-int8': transformers' QuantizedCache keeps full-attention layers only, and "
+                       f"{cls.__name__} has {', '.join(others)} layers: use kv_cache='dynamic'")
+    kv_heads, head_dim = kv_head_shape(text)
+    if kv_heads and head_dim and (kv_heads * head_dim) % KV_GROUP_VALUES:
+        return False, (f"='dynamic-int8': transformers' QuantizedCache quantizes keys in groups of {KV_GROUP_VALUES} "
+                       f"values (hqq), and {cls.__name__} keeps {kv_heads} kv head(s) × head dim {head_dim} = "
+                       f"{kv_heads * head_dim} values per position, not a multiple of {KV_GROUP_VALUES}: prompts of "
+                       f"some lengths would fail; use kv_cache='dynamic'")
+    return True, ""
+
+
+def attention_layer_types(config) -> list[str]:
+    """Each layer's attention kind as transformers' caches read it: `layer_types` where the config lists them, else
+    every layer 'sliding_attention' where a sliding window is set (and not switched off by use_sliding_window),
+    'chunked_attention' where an attention chunk size is, 'full_attention' otherwise."""
+    listed = getattr(config, "layer_types", None)
+    if listed:
+        return list(listed)
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False:
+        kind = "sliding_attention"
+    elif getattr(config, "attention_chunk_size", None) is not None:
+        kind = "chunked_attention"
+    else:
+        kind = "full_attention"
+    return [kind] * int(getattr(config, "num_hidden_layers", 1) or 1)
+
+
+def kv_head_shape(config) -> tuple[int | None, int | None]:
+    """(key/value heads, head dim) of a transformers config: num_key_value_heads (Falcon's multi-query says 1),
+    else as many as the attention heads; head_dim, else the width over the heads.  None where the config says
+    neither."""
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not head_dim and heads and hidden:
+        head_dim = hidden // heads
+    return kv_heads, head_dim
 
 
 def new_cache(model, kind: str, max_len: int):
@@ -49,7 +105,7 @@ def new_cache(model, kind: str, max_len: int):
     if kind == "dynamic-int8":
         # HQQ's 8-bit groups along the channels; transformers keeps its default window of recent positions
         # (residual_length) in full precision and quantizes them all together when it fills
-        return transformers.QuantizedCache(backend="hqq", config=model.config, nbits=8)
+        return transformers.QuantizedCache(backend="hqq", config=model.config, nbits=8, q_group_size=KV_GROUP_VALUES)
     return transformers.DynamicCache(config=model.config)
 
 

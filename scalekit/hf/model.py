@@ -306,7 +306,7 @@ class HFCausalLM(ModelAdapter):
 
     # -- generation (scalekit.hf.generation: transformers' caches, positions and masks) ----------------------
     def kv_cache_support(self, kind: str | None = None) -> tuple[bool, str]:
-        return generation.kv_cache_support(self.model_class, kind)
+        return generation.kv_cache_support(self.model_class, kind, self.hf_config)
 
     def new_cache(self, model, kind, batch, max_len, device):
         return generation.new_cache(model, kind, max_len)

@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from ..optional import quiet_import, silence_known_warnings
-from .quantization import target_linears
+from .quantization import plain_linears, target_linears
 
 GROUP = 32  # input features per int4 scale
 # mode -> (what it does, a function of torchao.quantization giving the base config)
@@ -31,7 +31,7 @@ MODES = {
 
 
 def target_names(model: torch.nn.Module) -> set[str]:
-    """Qualified names of the linears QAT acts on: the blocks' nn.Linear layers whose inputs split into groups."""
+    """Qualified names of the linears QAT acts on: the blocks' linear layers whose inputs split into groups."""
     names = {id(m): n for n, m in model.named_modules()}
     return {names[id(linear)] for _, _, linear in target_linears(model) if linear.in_features % GROUP == 0}
 
@@ -45,7 +45,9 @@ def _quantize(model: torch.nn.Module, config, names: set[str], device_type: str)
 
 
 def prepare(model: torch.nn.Module, mode: str, device_type: str = "cpu") -> int:
-    """Fake-quantize the target linears in place; returns how many."""
+    """Fake-quantize the target linears in place; returns how many.  Subclasses of nn.Linear (FalconLinear) become
+    plain nn.Linear first: torchao's QATConfig swaps nn.Linear layers."""
+    plain_linears(model)
     names = target_names(model)
     base = MODES[mode][1]
     _quantize(model, lambda q: quiet_import("torchao.quantization.qat", device_type).QATConfig(base(q), step="prepare"),
@@ -68,6 +70,7 @@ def convert(model: torch.nn.Module, mode: str, device_type: str = "cpu") -> int:
 
 def quantize(model: torch.nn.Module, mode: str, device_type: str = "cpu") -> int:
     """Post-training quantization of the same layers with the same config (the baseline QAT is measured against)."""
+    plain_linears(model)
     names = target_names(model)
     _quantize(model, MODES[mode][1], names, device_type)
     return len(names)

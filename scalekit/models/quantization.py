@@ -1,8 +1,9 @@
 """Quantization methods for the `quantize` toggle: one function per library, each swapping a model's linear
 layers for quantized ones in place.
 
-What is quantized: the `nn.Linear` layers of the model's repeated blocks (`models.blocks.find_blocks`: for
-the built-in GPT, c_attn, c_proj, c_fc and the MLP's c_proj of every block).  The token embedding, which the
+What is quantized: the linear layers of the model's repeated blocks (`models.blocks.find_blocks`: for the
+built-in GPT, c_attn, c_proj, c_fc and the MLP's c_proj of every block): nn.Linear, its subclasses that compute
+the same (Falcon's FalconLinear, made plain nn.Linear first), and transformers' Conv1D (made nn.Linear).  The token embedding, which the
 built-in GPT ties to its output head, and the position table stay in full precision, as transformers'
 bitsandbytes integration keeps `lm_head`: the embedding is read by row lookups, not matmuls, and untying
 it to quantize the head would add a second copy of it.  Each library is imported only when its method is
@@ -17,10 +18,13 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..optional import quiet_import, silence_known_warnings
-from .blocks import block_linears, find_blocks, is_conv1d
+from .blocks import block_linears, find_blocks, is_conv1d, own_model_on_meta
 
 # method -> (library it needs, what it does, in a line)
 METHODS: dict[str, tuple[str, str]] = {
@@ -129,17 +133,97 @@ def shape_problem(model: torch.nn.Module, method: str) -> str | None:
 
 
 def target_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
-    """(parent, attribute, layer) for every nn.Linear to quantize: those inside the repeated blocks, or, in
-    a model without blocks, every nn.Linear whose weight is not shared with an embedding."""
+    """(parent, attribute, layer) for every linear layer to quantize (`is_linear_layer`): those inside the repeated
+    blocks, or, in a model without blocks, every one whose weight is not shared with an embedding."""
     blocks = find_blocks(model)
     root = blocks if blocks is not None else model
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     found = []
     for parent in root.modules():
         for attr, child in parent.named_children():
-            if type(child) is torch.nn.Linear and id(child.weight) not in embedded:
+            if is_linear_layer(child) and id(child.weight) not in embedded:
                 found.append((parent, attr, child))
     return found
+
+
+def is_linear_layer(module: torch.nn.Module) -> bool:
+    """An nn.Linear, or a subclass of it (Falcon's FalconLinear), that a quantizer can replace by its weights:
+    - not torch's NonDynamicallyQuantizableLinear (nn.MultiheadAttention's out_proj: its parent reads the weight
+      itself instead of calling the layer, so a replacement would never run);
+    - holding its weight as floating-point values of its own: not a layer already quantized (bitsandbytes' int8
+      and packed 4-bit Params, torchao's quantized tensors, which wrap their codes in a tensor subclass);
+    - with no modules of its own: not a wrapper around a linear (torchao's FakeQuantizedLinear and its quantizers);
+    - computing x·Wᵀ + b: a subclass with its own forward is run once on a probe input (`computes_linear`)."""
+    if not isinstance(module, torch.nn.Linear) or isinstance(module, NonDynamicallyQuantizableLinear):
+        return False
+    weight = module.weight
+    if not weight.is_floating_point() or is_traceable_wrapper_subclass(weight):
+        return False
+    if next(module.children(), None) is not None:
+        return False
+    return type(module).forward is torch.nn.Linear.forward or computes_linear(module)
+
+
+def computes_linear(module: torch.nn.Linear) -> bool:
+    """Whether a subclass's own forward gives F.linear's result (within rounding) on a random probe input: FalconLinear
+    adds its bias after the matmul, the same function; a forward that scales, gates or adapts is not."""
+    weight = module.weight
+    if weight.is_meta or is_fake(weight):  # no values to compare (the planner's trace): taken by its type
+        return True
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    probe = torch.randn(2, module.in_features, generator=generator, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        try:
+            out = module(probe)
+        except Exception:  # noqa: BLE001 - a forward that cannot take a plain (rows, in_features) input is not linear
+            return False
+        expected = torch.nn.functional.linear(probe, weight, module.bias)
+    if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
+        return False
+    tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 2e-2  # of the output's largest value
+    return bool((out - expected).abs().max() <= tolerance * expected.abs().max().clamp_min(1e-6))
+
+
+def as_plain_linear(linear: torch.nn.Linear) -> torch.nn.Linear:
+    """A subclass of nn.Linear (one `is_linear_layer` accepts) as an nn.Linear holding the same Parameters: every
+    quantization library takes nn.Linear, and torchao's in-place quantize_ needs nn.Linear's forward (F.linear)."""
+    if type(linear) is torch.nn.Linear:
+        return linear
+    plain = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    plain.weight, plain.bias = linear.weight, linear.bias
+    return plain
+
+
+def plain_linears(model: torch.nn.Module) -> int:
+    """Replace every target linear that is a subclass of nn.Linear by `as_plain_linear`; the number replaced."""
+    swapped = 0
+    for parent, attr, linear in target_linears(model):
+        if type(linear) is not torch.nn.Linear:
+            setattr(parent, attr, as_plain_linear(linear))
+            swapped += 1
+    return swapped
+
+
+def no_linear_why(model: torch.nn.Module) -> str:
+    """Why a toggle that changes linear layers would change nothing in `model`, in one line."""
+    name = type(model).__name__
+    where = f"the repeated blocks of {name}" if find_blocks(model) is not None else name
+    return (f"found no linear layer to change in {where}: it would leave the model as it is (it takes nn.Linear layers, their subclasses that compute the same, "
+            "and transformers' Conv1D; not layers already quantized or wrapped, nor a weight tied to an embedding)")
+
+
+def quantizable_layers(model: torch.nn.Module) -> int:
+    """How many layers quantize_model would quantize, counted without changing the model."""
+    conv1d = sum(is_conv1d(model.get_submodule(name)) for name in block_linears(model, conv1d=True))
+    return len(target_linears(model)) + conv1d
+
+
+def own_model_to_inspect(adapter) -> torch.nn.Module | None:
+    """The model of your own behind a family (`adapter.source`: a module as is, a class or function built on the
+    meta device), to look at before a run; None for the built-in GPT, a transformers model, or one that does not
+    build on meta (the build then says what it finds)."""
+    model, _ = own_model_on_meta(getattr(adapter, "source", None))
+    return model
 
 
 def swap_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> int:
@@ -216,9 +300,13 @@ def torch_dynamic_int8(linear: torch.nn.Linear, compute_dtype: torch.dtype) -> t
 
 
 def quantize_model(model: torch.nn.Module, method: str, compute_dtype: torch.dtype, device_type: str) -> int:
-    """Quantize `model`'s target linears in place with `method`; the number of layers quantized.  Conv1D layers
-    become their nn.Linear first; a layer whose shape the method's groups do not divide is refused (ConfigError)."""
+    """Quantize `model`'s target linears in place with `method`; the number of layers quantized.  Conv1D layers and
+    subclasses of nn.Linear become nn.Linear first; a model with no such layer is refused (ToggleUnavailable: the
+    toggle would change nothing), as is a layer whose shape the method's groups do not divide (ConfigError)."""
     linearize_conv1d(model)
+    plain_linears(model)
+    if not target_linears(model):
+        raise ToggleUnavailable(toggle_why("quantize", f"={method!r} {no_linear_why(model)}"))
     problem = shape_problem(model, method)
     if problem:
         raise ConfigError(problem)

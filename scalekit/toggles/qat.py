@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..errors import ToggleUnavailable
+from ..errors import ToggleUnavailable, toggle_why
 from ..models import qat as qat_mod
+from ..models.quantization import no_linear_why, own_model_to_inspect
 from .base import BuildContext, Spelling, Toggle
 
 
@@ -27,15 +28,23 @@ class QAT(Toggle):
             return False, "qat needs torchao, which is not installed (pip install scalekit[quant], or pip install torchao)"
         return True, ""
 
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        # a model of your own with no linear layer to fake-quantize would train as without qat: refused before the run
+        model = own_model_to_inspect(adapter)
+        if model is not None and not qat_mod.target_names(model):
+            return False, self.no_target_why(model)
+        return True, ""
+
+    def no_target_why(self, model) -> str:
+        return f"{no_linear_why(model)}; qat takes those with a multiple of {qat_mod.GROUP} input features"
+
     def apply(self, ctx: BuildContext, value: str) -> None:
         ok, why = self.available(ctx.hw)
         if not ok:
             raise ToggleUnavailable(why)
         n = qat_mod.prepare(ctx.base_model, value, ctx.device.type)
         if not n:
-            raise ToggleUnavailable(f"qat found no linear layer to fake-quantize in the blocks of "
-                                    f"{type(ctx.base_model).__name__} (nn.Linear with a multiple of "
-                                    f"{qat_mod.GROUP} input features)")
+            raise ToggleUnavailable(toggle_why("qat", self.no_target_why(ctx.base_model)))
         ctx.notes.append(f"qat={value}: {n} linear layers train fake-quantized; after training, "
                          f"scalekit.models.qat.convert(model, {value!r}) makes them int4")
 

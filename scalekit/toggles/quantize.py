@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError, ToggleUnavailable
+from ..models import quantization
 from ..models.quantization import INT4_METHODS, INT8_METHODS, METHODS, method_available, quantize_model
 from .base import BuildContext, Toggle, Tune
 
@@ -31,6 +32,14 @@ class Quantize(Toggle):
 
     def choice_available(self, hw, value) -> tuple[bool, str]:
         return method_available(value, hw.device_type)
+
+    def applies_to(self, adapter) -> tuple[bool, str]:
+        # a model of your own with no linear layer would come out unchanged: refused before the run, not run as a
+        # row that compares the model with itself (a Hugging Face model or one not buildable on meta: at the build)
+        model = quantization.own_model_to_inspect(adapter)
+        if model is not None and not quantization.quantizable_layers(model):
+            return False, quantization.no_linear_why(model)
+        return True, ""
 
     def apply(self, ctx: BuildContext, value: str) -> None:
         ok, why = self.choice_available(ctx.hw, value)
