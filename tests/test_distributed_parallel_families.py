@@ -25,6 +25,7 @@ SPLIT = {  # name: (family, toggles)
     "pipeline_parallel, GPT-NeoX": ("gpt_neox", {"pipeline_parallel": "gpipe"}),
     "tensor_parallel, Phi-3": ("phi3", {"tensor_parallel": 2}),
     "tensor_parallel, GPT-NeoX": ("gpt_neox", {"tensor_parallel": 2}),
+    "tensor_parallel, Gemma 2": ("gemma2", {"tensor_parallel": 2}),
 }
 NOT_SPLIT = ("gpt2", "opt", "falcon")  # transformers 5.25 declares neither plan for them
 SEQ_LEN = 24  # longer than Gemma 2's window of 16: its sliding layers' masks differ from its full layers'

@@ -53,6 +53,8 @@ GPT_PLAN = {"attn.c_attn": "colwise", "attn.c_proj": "rowwise", "mlp.c_fc": "col
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
           "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
           "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate())}
+# the Hugging Face families trained split against one process (tests/test_distributed_parallel*.py)
+CHECKED_FAMILIES = ("llama", "phi3", "gemma2", "gpt_neox")
 LOCAL_STYLES = ("colwise", "rowwise")  # the styles whose output stays split: what sequence parallelism rewrites
 
 
@@ -94,7 +96,8 @@ def plan_refusal(config, name: str) -> str | None:
     if not layers:
         return (f"tensor_parallel: {name} has no tensor-parallel plan: scalekit splits the built-in GPT "
                 f"(scalekit.models.gpt.GPT) and Hugging Face models whose config declares one for their layers "
-                f"(config.base_model_tp_plan), and transformers declares none for this model")
+                f"(config.base_model_tp_plan; {', '.join(CHECKED_FAMILIES)} checked), and transformers declares none "
+                f"for this model")
     other = sorted({style for inner in layers.values() for style in inner.values() if style not in STYLES})
     if other:
         return (f"tensor_parallel: {name}'s plan uses {', '.join(other)}, which scalekit does not apply (it applies "
