@@ -102,6 +102,8 @@ def _row(r: RunResult, base: RunResult | None, finetune: bool, throughput: str) 
         notes.insert(0, f"compile {r.compile_s:.1f} s")
     if r.status == "stopped":
         notes.insert(0, "stopped")
+    if r.flags:  # an "ok" row that is not what its label says (compile on, no graph: eager code measured)
+        notes.insert(0, ", ".join(flag.upper() for flag in r.flags))
     if r.status == "diverged":
         notes.insert(0, f"DIVERGED (not ok): {r.error}")
     if r.status == "failed":  # what it measured before it failed is shown, beside why it failed

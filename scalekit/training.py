@@ -223,8 +223,11 @@ def flops_per_step(ctx: BuildContext) -> float | None:
         g = ctx.gpt_config
         per_token = flops_mod.gpt_train_flops_per_token(ctx.base_model.num_params(), g.n_layer, g.n_embd, cfg.seq_len)
         return per_token * tokens_per_step(cfg)
-    # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were
-    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []):
+    # a user's model: count one forward/backward of the unwrapped model, leaving RNG and gradients as they were.
+    # Eagerly: blocks compiled in place (compile='regional') are inside base_model, and dynamo running under the
+    # counter's dispatch mode would mark their code "skip" for the rest of the process (no graph, ever)
+    eager = torch.compiler.set_stance("force_eager") if ctx.compiled else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []), eager:
         batch = sample_batch(cfg, ctx)
         batch_rows(cfg, batch)  # a batch with no tensor is blamed on what made it, before loss_fn reads it
         counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))

@@ -8,6 +8,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..measure.attention_backend import backends_said
+from ..measure.compiled import compile_flags
 from ..measure.load import MachineLoad, any_busy, busiest
 from ..measure.results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
 from ..measure.stats import Interval, speedup_interval, too_few_steps, verdict
@@ -54,6 +56,9 @@ class GenerateResult:
     recompiles_measured: int | None = None  # of those, made during the measured generation (should be 0)
     graph_breaks: int | None = None  # places dynamo split the decode step, the code there run eagerly
     compile_note: str = ""  # what compile did not capture, in words ("": the whole step, or no compile)
+    # the kernel of each SDPA call in the measured generation (measure.attention_backend): {"flash": 40}, {} when
+    # none was seen (no SDPA call, or a compiled model, whose attention runs inside graphs)
+    sdpa_backends: dict[str, int] = field(default_factory=dict)
     build_s: float | None = None
     # -- memory (bytes) ----------------------------------------------------------------------------------
     weight_bytes: int | None = None  # the weights as stored for this run (quantized formats counted as stored)
@@ -133,8 +138,13 @@ class GenerateResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def flags(self) -> list[str]:
+        """Marks a table shows beside the status ("compile no-op": compile was on and captured no graph)."""
+        return compile_flags(self.graphs_compiled)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "busy": bool(self.busy_note)}
+        return {**asdict(self), "busy": bool(self.busy_note), "flags": self.flags}
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the full result as JSON, atomically."""
@@ -143,7 +153,7 @@ class GenerateResult:
     def summary_row(self) -> dict[str, Any]:
         d = self.all_decode_ms
         return {
-            "run": self.label, "status": self.status, "batch": self.batch_size,
+            "run": self.label, "status": self.status, "flags": ", ".join(self.flags), "batch": self.batch_size,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "decode_ms": self.typical_decode_ms, "decode_ms_p25": d.p25 if d and d.n else None,
             "decode_ms_p75": d.p75 if d and d.n else None, "decode_ms_p90": self.decode_ms_p90,
@@ -151,7 +161,7 @@ class GenerateResult:
             "weight_mb": _mb(self.weight_bytes), "kv_cache_mb": _mb(self.kv_cache_bytes),
             "peak_mem_mb": _mb(self.peak_mem_bytes), "perplexity": self.perplexity, "agreement": self.agreement,
             "acceptance": self.acceptance_rate, "target_forwards_per_token": self.target_forwards_per_token,
-            "compile_s": self.compile_s, "threads": self.threads,
+            "compile_s": self.compile_s, "threads": self.threads, "sdpa": backends_said(self.sdpa_backends),
             "note": self.error or "; ".join([*self.notes, *([self.busy_note] if self.busy_note else [])]),
         }
 
@@ -208,10 +218,10 @@ def compare_generations(results: list[GenerateResult]):
         df["note"] = ["; ".join(n for n in (why, note) if n) for (_, why), note in zip(found, df["note"], strict=True)]
         base_row = base.summary_row() if base else {}
         df["weight_ratio"] = [_ratio(r["weight_mb"], base_row.get("weight_mb")) for r in rows]
-    cols = ["run", "status", "batch", "decode_tokens_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
+    cols = ["run", "status", "flags", "batch", "decode_tokens_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
             "decode_ms", "decode_ms_p25", "decode_ms_p75", "decode_ms_p90", "prefill_ms", "ttft_ms", "weight_mb",
             "weight_ratio", "kv_cache_mb", "peak_mem_mb", "perplexity", "agreement", "acceptance",
-            "target_forwards_per_token", "compile_s", "threads", "note"]
+            "target_forwards_per_token", "compile_s", "threads", "sdpa", "note"]
     return df.reindex(columns=cols)
 
 

@@ -56,6 +56,15 @@ class Captured:
         return f"compile made {_count(self.graphs, 'graph')}, with {' and '.join(gaps)}{why}"
 
 
+COMPILE_NO_OP = "compile no-op"  # the flag a row carries when compile was on and captured no graph
+
+
+def compile_flags(graphs_compiled: int | None) -> list[str]:
+    """A result's flags from what compile captured: COMPILE_NO_OP when it was on and made no graph (the row measured
+    eager code under compile's label), none otherwise (compile off: graphs_compiled is None)."""
+    return [COMPILE_NO_OP] if graphs_compiled == 0 else []
+
+
 def _count(n: int, one: str, many: str | None = None) -> str:
     return "" if n == 0 else f"{n} {one if n == 1 else many or one + 's'}"
 

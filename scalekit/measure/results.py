@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..files import write_atomic
+from .attention_backend import backends_said
+from .compiled import compile_flags
 from .load import MachineLoad, any_busy, busiest
 from .stats import Interval, speedup_interval, too_few_steps, verdict
 from .timing import Spread
@@ -71,6 +73,9 @@ class RunResult:
     graph_breaks: int | None = None  # places dynamo split the model, the code there run eagerly
     recompiles_measured: int | None = None  # graphs made inside measured steps after the first (should be 0)
     compile_note: str = ""  # what compile did not capture, in words ("": the whole model, or no compile)
+    # the kernel of each SDPA call in the measured steps (measure.attention_backend): {"flash": 8}, {} when none was
+    # seen (no SDPA call, or a compiled model, whose attention runs inside graphs)
+    sdpa_backends: dict[str, int] = field(default_factory=dict)
     build_s: float | None = None  # model, data and optimizer set-up before the first step
     peak_mem_bytes: int | None = None
     peak_mem_reserved_bytes: int | None = None  # GPU allocator only
@@ -175,8 +180,15 @@ class RunResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def flags(self) -> list[str]:
+        """Marks a table shows beside the status: what makes an "ok" row not what its label says ("compile no-op":
+        compile was on and captured no graph, so the row measured eager code)."""
+        return compile_flags(self.graphs_compiled)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["flags"] = self.flags
         d["median_step_ms"] = self.median_step_ms
         d["steps_per_batch"] = self.steps_per_batch
         d["busy"] = bool(self.busy_note)
@@ -191,6 +203,7 @@ class RunResult:
         return {
             "run": self.label,
             "status": self.status,
+            "flags": ", ".join(self.flags),
             "step_ms": self.median_step_ms,
             "step_ms_iqr": s.iqr if s else None,
             "tokens_per_s": self.tokens_per_s,
@@ -203,6 +216,7 @@ class RunResult:
             "final_loss": self.final_loss,
             "compile_s": self.compile_s,
             "threads": self.threads,
+            "sdpa": backends_said(self.sdpa_backends),
             "note": self.error or "; ".join([*self.notes, *([self.busy_note] if self.busy_note else [])]),
         }
 
@@ -249,9 +263,9 @@ def compare(results: list[RunResult]):
         _speedup_columns(df, [(None, "") if r is base else speedup_over(base, r) for r in results],
                          [r is base and r.finished for r in results])
         df["mem_ratio"] = [_ratio(r["peak_mem_mb"], base.summary_row()["peak_mem_mb"]) for r in rows]
-    cols = ["run", "status", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low", "speedup_high",
+    cols = ["run", "status", "flags", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low", "speedup_high",
             "verdict", "tokens_per_s_wall", "data_wait_ms", "data_wait_frac", "steps_per_batch", "peak_mem_mb",
-            "mem_ratio", "mfu", "final_loss", "compile_s", "threads", "note"]
+            "mem_ratio", "mfu", "final_loss", "compile_s", "threads", "sdpa", "note"]
     if any(r.heldout_loss_before is not None or (r.trainable_share or 1) < 1 for r in results):
         # fine-tuning: what trains, and what it learned on the held-out part of the new data
         df["trainable_params"] = [r.trainable_params for r in results]
