@@ -20,6 +20,7 @@ from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
 from .measure import memory
+from .measure.attention_backend import AttentionWatch, backends_note
 from .measure.compiled import CompileWatch
 from .measure.results import RunResult, StepRecord
 from .measure.session import measured_run
@@ -210,6 +211,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
     log = StepLog(ctx, result, on_step)
     total = cfg.warmup_steps + cfg.steps
     watch = CompileWatch() if ctx.compiled else None
+    attention = AttentionWatch(enabled=not ctx.compiled)  # which SDPA kernel each measured step's attention ran
     interrupted = False
     if ctx.compiled:
         status("compiling: the first step includes compilation and can take a while")
@@ -225,7 +227,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
             batch = next(ctx.batches)
             log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
             tokens = batch_tokens(ctx, batch)
-            with _watched(watch, measured=i >= max(1, cfg.warmup_steps)):  # the first step compiles
+            with _watched(watch, attention, i, cfg.warmup_steps):
                 loss = train_step(ctx, batch)
             for hook in ctx.after_step:
                 hook(i)
@@ -249,8 +251,7 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
         log.finish()
         if result.status == "stopped":
             _note_stop(result, interrupted)
-        if watch is not None:
-            _record_capture(watch, result)
+        _record_watches(watch, attention, result)
     if ctx.device.type == "cuda" and log.wall_t0 is not None:
         result.peak_mem_bytes, result.peak_mem_reserved_bytes = memory.cuda_peak(ctx.device)
         result.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
@@ -265,8 +266,22 @@ def _note_stop(result: RunResult, interrupted: bool) -> None:
         result.notes.append("interrupted (Ctrl-C): the steps measured so far are kept")
 
 
-def _watched(watch: CompileWatch | None, measured: bool):
-    return watch.step(measured) if watch is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def _watched(watch: CompileWatch | None, attention: AttentionWatch, i: int, warmup_steps: int):
+    """Step i's watches: compile's graphs counted from the second step (the first compiles), SDPA's kernels over
+    the measured steps."""
+    compiled = watch.step(measured=i >= max(1, warmup_steps)) if watch is not None else contextlib.nullcontext()
+    with compiled, attention.step(measured=i >= warmup_steps):
+        yield
+
+
+def _record_watches(watch: CompileWatch | None, attention: AttentionWatch, result: RunResult) -> None:
+    """What the watches saw, into the result: compile's capture (when compile is on), SDPA's kernels."""
+    if watch is not None:
+        _record_capture(watch, result)
+    result.sdpa_backends = dict(attention.calls)
+    if attention.calls:
+        result.notes.append(backends_note(attention.calls))
 
 
 def _record_capture(watch: CompileWatch, result: RunResult) -> None:

@@ -18,6 +18,7 @@ import torch
 from .. import hardware
 from ..errors import TokenCacheUnavailable
 from ..measure import memory
+from ..measure.attention_backend import AttentionWatch, backends_note
 from ..measure.compiled import CompileWatch, graphs_made
 from ..measure.session import measured_run
 from ..measure.timing import Spread
@@ -25,7 +26,7 @@ from ..toggles import BuildContext
 from .build import build_generation
 from .config import GenerateConfig
 from .loop import GREEDY, Decoded, Sampling, decode, pad_prompts
-from .quality import lossy_cache, measure_quality, same_prefix, unmeasurable
+from .quality import heldout_unmeasurable, lossy_cache, measure_quality, same_prefix, unmeasurable
 from .results import GenerateResult, TokenRecord, p90
 from .speculative import speculative_decode
 from .weights import _module_tensors, weight_bytes
@@ -80,9 +81,14 @@ def _build_and_measure(cfg: GenerateConfig, hw, stack, result: GenerateResult, o
     memory.cuda_memory_reset(ctx.device)
     text_prompts = any(isinstance(p, str) for p in cfg.prompts)
     tokenizer = cfg.get_tokenizer() if cfg.tokenizer is not None or text_prompts else None
-    done = _decoder(ctx)(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx),
-                         _streamer(on_token, tokenizer), stop)
+    attention = AttentionWatch(enabled=not ctx.compiled)  # which SDPA kernel the measured generation ran
+    with attention.step(measured=True):
+        done = _decoder(ctx)(ctx, ids, pad, cfg.max_new_tokens, max_len, _sampling(cfg, ctx),
+                             _streamer(on_token, tokenizer), stop)
     _record(ctx, result, done, prompts, tokenizer)
+    result.sdpa_backends = dict(attention.calls)
+    if attention.calls:
+        result.notes.append(backends_note(attention.calls))
     if watch is not None:
         captured = watch.captured()
         result.graphs_compiled, result.graph_breaks = captured.graphs, captured.graph_breaks
@@ -223,7 +229,11 @@ def _quality(ctx: BuildContext, cfg: GenerateConfig, result: GenerateResult, ids
         result.notes.append(why)
         return
     status("measuring quality: held-out perplexity and agreement with the model as built")
-    _heldout_quality(ctx, cfg, result)
+    why = heldout_unmeasurable(ctx)  # a forward that returns the last position only: the rest is still measured
+    if why:
+        result.notes.append(why)
+    else:
+        _heldout_quality(ctx, cfg, result)
     changed = ctx.reference_model is not ctx.base_model or ctx.compute_dtype is not None or lossy_cache(ctx) \
         or ctx.speculative is not None
     if cfg.temperature == 0 and changed:
