@@ -62,6 +62,36 @@ def is_no_space(exc: BaseException) -> bool:
     return err is not None and err.errno in (errno.ENOSPC, EDQUOT)
 
 
+class CompileFailed(ToggleUnavailable):
+    """torch.compile failed on this model (dynamo or inductor raised, compiling or at a compiled call): the message
+    names compile's mode, the model's class and the way out in one line; torch's own exception is its __cause__."""
+
+
+TORCH_COMPILE_MODULES = ("torch._dynamo", "torch._inductor")  # where torch.compile's own exceptions are defined
+
+
+def compile_failure_in(exc: BaseException | None) -> BaseException | None:
+    """The exception torch.compile raised behind `exc` (BackendCompilerFailed, InductorError, dynamo's Unsupported,
+    ...: its own classes): `exc` itself, or one it was raised from or while handling; None when there is none."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if type(exc).__module__.startswith(TORCH_COMPILE_MODULES):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def torch_compile_says(exc: BaseException) -> str:
+    """torch.compile's reason in one line: what a failed backend raised ("AssertionError: ..."), else torch's
+    exception; its message's first line, and its last where there are more; cut to 200 characters."""
+    inner = getattr(exc, "inner_exception", None)  # BackendCompilerFailed and InductorError keep the backend's error
+    said = inner if isinstance(inner, BaseException) else exc
+    lines = [line.strip() for line in str(said).strip().splitlines() if line.strip()]
+    text = type(said).__name__ + (f": {lines[0]}" if lines else "") + (f" … {lines[-1]}" if len(lines) > 1 else "")
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
 class PlanUnavailable(ConfigError):
     """The planner could not trace the step on fake tensors (the message says why); measure the run instead."""
 
@@ -117,6 +147,8 @@ def plain_error(exc: BaseException) -> str:
     if is_out_of_memory(exc):
         return f"out of memory: {text[:300]} — try a smaller batch_size, bf16, or activation checkpointing"
     if isinstance(exc, DataWorkerDied):
+        return text
+    if isinstance(exc, CompileFailed):  # already one line naming the mode, the model and the way out
         return text
     if "DataLoader worker" in text and ("killed by signal" in text or "exited unexpectedly" in text):
         # torch says one or the other, depending on which of its checks sees the dead worker first

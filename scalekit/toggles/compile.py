@@ -6,7 +6,14 @@ import torch
 
 from ..checks import check_bool
 from ..cxx import unavailable_reason
-from ..errors import ConfigError, ToggleUnavailable
+from ..errors import (
+    CompileFailed,
+    ConfigError,
+    ToggleUnavailable,
+    compile_failure_in,
+    is_out_of_memory,
+    torch_compile_says,
+)
 from .base import BuildContext, Spelling, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -18,6 +25,27 @@ def compile_blocks(blocks) -> None:
     class share their code, and dynamo treats their weights as inputs, so the first block's graph serves the rest."""
     for block in blocks:
         block.compile()
+
+
+def ways_out(mode: str, has_blocks: bool) -> str:
+    """The other ways to run a model whose compile failed in `mode`: a gentler mode, and no compile at all."""
+    others = [m for m in ("default", REGIONAL) if m != mode and (m != REGIONAL or has_blocks)]
+    return f"try {' or '.join(f'compile={m!r}' for m in others)}, or run without compile"
+
+
+def said_in_one_line(mode: str, model_name: str, has_blocks: bool):
+    """An exit callback for the run's stack: a failure torch.compile raised while the run unwinds (compiling, or at
+    a compiled call, in training or generation) is raised again as CompileFailed, in one line naming the mode, the
+    model's class and the way out, torch's exception chained beneath it for whoever debugs torch."""
+
+    def translate(exc_type, exc, tb) -> bool:
+        failure = compile_failure_in(exc)
+        if failure is None or is_out_of_memory(exc):  # not compile's, or memory: said as what it is
+            return False
+        raise CompileFailed(f"compile={mode!r} failed on {model_name}: torch.compile raised "
+                            f"{torch_compile_says(failure)}; {ways_out(mode, has_blocks)}") from exc
+
+    return translate
 
 
 class Compile(Toggle):
@@ -49,6 +77,7 @@ class Compile(Toggle):
         # every run compiles afresh: compiled code and guards left by earlier runs in this process would
         # otherwise count against dynamo's recompile limit (past it, dynamo silently runs eagerly)
         torch._dynamo.reset()
+        ctx.stack.push(said_in_one_line(value, type(ctx.base_model).__name__, ctx.blocks is not None))
         if value == REGIONAL:
             if ctx.blocks is None:
                 raise ToggleUnavailable(f"compile='regional' compiles each repeated block, and "
