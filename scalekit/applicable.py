@@ -80,7 +80,8 @@ def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware |
     train_cfg, gen_cfg, model = _configs(model_or_config)
     train_cfg = train_cfg.resolve(hw) if train_cfg is not None else None  # once: the data toggles read its data
     custom = model is not None and not isinstance(model, (str, GPT))
-    families = {"train": toggle_family(model) if custom else None,
+    trained = HFCausalLM(model) if is_hf_config(model) else model  # a transformers config: the model it builds
+    families = {"train": toggle_family(trained) if custom else None,
                 "generate": generation_family(model) if custom else None}
     rows = [dict(toggle=t.name, loop=loop, **dict(zip(("status", "reason"), verdict(t, loop, families[loop],
                                                                                        train_cfg, hw), strict=True)))

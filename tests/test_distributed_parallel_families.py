@@ -8,6 +8,8 @@ whole batch; the stages chained in one process give each family's own logits.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -133,10 +135,24 @@ def test_only_the_built_in_gpt_gets_its_plan_gpt2_and_a_nanogpt_style_model_are_
 def test_applicable_says_which_families_each_toggle_splits():
     from scalekit.hf import causal_lm
 
-    for family, splits in (("phi3", True), ("gpt_neox", True), ("gemma2", True), ("opt", False), ("falcon", False)):
-        table = scalekit.applicable(causal_lm(hf_config(family)))
+    for (family, splits), model in itertools.product(
+            (("phi3", True), ("gpt_neox", True), ("gemma2", True), ("opt", False), ("falcon", False)),
+            (causal_lm, lambda config: config)):  # causal_lm(config), or the transformers config itself
+        table = scalekit.applicable(model(hf_config(family)))
         for toggle in ("pipeline_parallel", "tensor_parallel"):
             status, reason = table.status(toggle, "train")
             assert (status != "does not apply") == splits, (family, toggle, status, reason)
             if not splits:
                 assert "base_model_" in reason and "ForCausalLM" in reason, reason
+
+
+def test_sequence_parallel_norms_on_a_plan_that_gathers_or_a_model_without_base_model_norm_are_refused_before_a_split():
+    from scalekit.models.tensor_parallel import parallelize
+
+    with pytest.raises(ConfigError, match=r"^tensor_parallel=2,sequence_parallel: Phi3ForCausalLM's plan takes or "
+                                          r"gives its split layers' activations whole \(colwise_gather_output, "
+                                          r"rowwise_split_input\)"):
+        parallelize(hf_model("phi3"), None, 2, sequence_parallel=True)  # (refused before the mesh is used)
+    with pytest.raises(ConfigError, match=r"^tensor_parallel sequence_parallel: GPTNeoXForCausalLM has no "
+                                          r"base_model.norm"):
+        parallelize(hf_model("gpt_neox"), None, 2, sequence_parallel=True)

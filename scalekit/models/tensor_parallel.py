@@ -153,6 +153,12 @@ def parallelize(model: nn.Module, mesh, degree: int, sequence_parallel: bool = F
                           f"and gathered at its head, and this rank holds {len(pairs)} of its {every} blocks (a "
                           f"pipeline's stage): split the sequence without a pipeline, or give tensor_parallel={degree}")
     gpt = is_builtin_gpt(model)
+    gathered = sorted({style for _, plan in pairs for style in plan.values() if style not in LOCAL_STYLES})
+    if sequence_parallel and gathered:
+        raise ConfigError(f"tensor_parallel={degree},sequence_parallel: {type(model).__name__}'s plan takes or gives "
+                          f"its split layers' activations whole ({', '.join(gathered)}), which the sequence-parallel "
+                          f"styles do not rewrite (they rewrite plans of 'colwise' and 'rowwise' only); give "
+                          f"tensor_parallel={degree}")
     ends = sequence_ends(model) if sequence_parallel else None  # refused here before anything is split
     for block, plan in pairs:
         if gpt:
@@ -191,10 +197,6 @@ def sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
 def sequence_styles(block: nn.Module, plan: dict, gpt: bool) -> dict:
     """A block's styles for sequence parallelism: its norms SequenceParallel, the row-wise layers reduce-scattering
     along the sequence, attention and the MLP gathering it at their input."""
-    if any(style not in LOCAL_STYLES for style in plan.values()):
-        raise ConfigError(f"tensor_parallel sequence_parallel: {type(block).__name__}'s plan gathers its layers' "
-                          f"outputs whole ({', '.join(sorted(set(plan.values())))}), which the sequence-parallel "
-                          f"styles do not rewrite (plans of 'colwise' and 'rowwise' only)")
     styles = {name: RowwiseParallel(output_layouts=Shard(1)) for name, style in plan.items() if style == "rowwise"}
     norms = [name for name, child in block.named_children() if _is_norm(child)]
     styles.update({name: SequenceParallel() for name in norms})
