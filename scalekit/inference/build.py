@@ -16,7 +16,7 @@ import copy
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..families import generation_family
 from ..models import GPT, PRESETS, GPTConfig
 from ..models.blocks import find_blocks
@@ -24,6 +24,7 @@ from ..models.pretrained import PRETRAINED_NAMES, load_pretrained, pretrained_in
 from ..models.speculative import tokenizer_mismatch
 from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
 from .config import GenerateConfig
+from .loop import probe_positions
 from .weights import weight_bytes
 
 
@@ -72,10 +73,23 @@ def build_generation_model(ctx: BuildContext) -> None:
     ctx.reference_model = copy.deepcopy(model) if cfg.quality and changes else model
 
 
+def check_verifiable(ctx: BuildContext) -> None:
+    """Speculative decoding scores k drafted tokens in one forward of the model: refused, before anything is
+    generated, for a model whose forward returns fewer positions than it is given (nanoGPT's returns the last)."""
+    if ctx.speculative is None:
+        return
+    shortfall = probe_positions(ctx.model_adapter, ctx.base_model, ctx.device)
+    if shortfall:
+        raise ToggleUnavailable(toggle_why("speculative", (
+            f"checks k drafted tokens in one forward of the model, which needs logits for every position, and "
+            f"{shortfall}: generate without speculative, or give the model a forward that returns all positions")))
+
+
 def build_draft(ctx: BuildContext) -> None:
     """The draft model speculative decoding proposes with (ctx.draft), when a toggle asked for one: a shipped
     model or a preset by name, or any model generation takes, built by its family; it must read the same
-    token ids as the model."""
+    token ids as the model (a draft's forward may return its last position alone: that is all a draft reads)."""
+    check_verifiable(ctx)
     spec = ctx.speculative
     if spec is None or spec.mode != "draft":
         return

@@ -84,6 +84,39 @@ def step_contexts(ctx: BuildContext):
     return stack
 
 
+def prepare_caches(ctx: BuildContext, family, model, batch: int, max_len: int) -> None:
+    """The family's preparation of `model` for forwards of `batch` rows and up to `max_len` positions (a gpt-fast
+    style model sets up its caches), under the autocast those forwards run under: caches are then allocated in
+    the dtype the keys will come in.  Not under the grad mode: a cache allocated in inference_mode could not be
+    written by a later forward outside it (the quality's reference)."""
+    autocast = torch.autocast(ctx.device.type, dtype=ctx.compute_dtype) if ctx.compute_dtype is not None \
+        else contextlib.nullcontext()
+    with autocast:
+        family.prepare(model, batch, max_len)
+
+
+PROBE_TOKENS = 2  # a forward of this many tokens shows whether a model returns logits for each position
+
+
+def positions_shortfall(model: torch.nn.Module, logits: torch.Tensor, tokens: int) -> str | None:
+    """None when `logits` hold a row for each of the `tokens` positions given; else what the model returned, in
+    words naming its class (nanoGPT's forward without targets returns the last position alone, (B, 1, vocab))."""
+    if logits.dim() == 3 and logits.shape[1] == tokens:
+        return None
+    only = " for the last position only" if logits.dim() == 3 and logits.shape[1] == 1 else ""
+    name = type(getattr(model, "_orig_mod", model)).__name__
+    return f"{name}'s forward returns logits{only} (shape {tuple(logits.shape)} for {tokens} tokens)"
+
+
+@torch.no_grad()
+def probe_positions(family, model: torch.nn.Module, device) -> str | None:
+    """positions_shortfall of one forward of a short sequence (fp32, eager, without a cache): decoding reads only the
+    last position, so any model generates; perplexity and speculative verification need every position."""
+    ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device=device)
+    family.prepare(model, 1, PROBE_TOKENS)
+    return positions_shortfall(model, family.logits(model, ids), PROBE_TOKENS)
+
+
 def family_of(ctx: BuildContext):
     """The model family that says how a forward runs (the built-in GPT's convention when the run has none:
     a training run's evaluation of the built-in GPT)."""
@@ -108,7 +141,7 @@ def decode(ctx: BuildContext, ids: torch.Tensor, pad: torch.Tensor | None, new_t
     model = model or ctx.model  # what decode steps call: compiled when compile is on
     family = family_of(ctx)
     B, T0 = ids.shape
-    family.prepare(ctx.base_model, B, max_len)
+    prepare_caches(ctx, family, ctx.base_model, B, max_len)
     cache = family.new_cache(ctx.base_model, ctx.kv_cache, B, max_len, ctx.device) if ctx.kv_cache else None
     seq = torch.zeros(B, T0 + new_tokens, dtype=torch.long, device=ctx.device)
     seq[:, :T0] = ids

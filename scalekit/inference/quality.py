@@ -23,7 +23,7 @@ from ..data import load_tokens
 from ..errors import ConfigError
 from ..models.kv_cache import INT8_KINDS
 from ..toggles import BuildContext
-from .loop import family_of, step_contexts
+from .loop import family_of, positions_shortfall, prepare_caches, probe_positions, step_contexts
 
 
 def heldout_windows(seq_len: int, n_windows: int, tokens=None) -> torch.Tensor:
@@ -58,11 +58,14 @@ def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, tokens=None
     for first in range(0, len(windows), batch_size):
         batch = windows[first: first + batch_size].to(ctx.device)
         x, y = batch[:, :-1], batch[:, 1:]
-        family.prepare(model, x.shape[0], x.shape[1])  # (a model that keeps its own cache allocates it)
+        prepare_caches(ctx, family, model, x.shape[0], x.shape[1])  # (a model keeping its own cache allocates it)
         with step_contexts(ctx):  # this configuration: its grad mode, autocast and a lossy cache's rounding
             logits = _config_logits(ctx, family, model, x).float()
-        family.prepare(reference, x.shape[0], x.shape[1])
+        family.prepare(reference, x.shape[0], x.shape[1])  # (the same module, maybe: its cache in fp32 again)
         ref_logits = family.logits(reference, x).float()  # the reference: fp32, no autocast
+        why = positions_shortfall(reference, ref_logits, x.shape[1]) or positions_shortfall(model, logits, x.shape[1])
+        if why:
+            raise ConfigError(every_position_needed(why))
         if logits.size(-1) <= int(y.max()):
             raise ConfigError(f"GenerateConfig.quality_tokens: the held-out tokens hold id {int(y.max())}, and the "
                               f"model's logits cover {logits.size(-1)} ids; give held-out ids the model reads")
@@ -73,6 +76,19 @@ def measure_quality(ctx: BuildContext, seq_len: int, n_windows: int, tokens=None
     loss, ref_loss = loss_sum / count, ref_sum / count
     return {"heldout_loss": loss, "perplexity": math.exp(loss), "reference_loss": ref_loss,
             "reference_perplexity": math.exp(ref_loss), "agreement": agree / count}
+
+
+def every_position_needed(shortfall: str) -> str:
+    """Why perplexity cannot be measured for a model whose forward returns fewer positions than it is given."""
+    return (f"quality not measured (perplexity, agreement): {shortfall}; perplexity needs every position: pass "
+            f"quality=False, or give the model a forward that returns all positions")
+
+
+def heldout_unmeasurable(ctx: BuildContext) -> str | None:
+    """Why held-out perplexity and agreement cannot be measured for this build's model (None: they can), found
+    before measuring from one short forward of the reference (the model as built)."""
+    shortfall = probe_positions(family_of(ctx), ctx.reference_model, ctx.device)
+    return every_position_needed(shortfall) if shortfall else None
 
 
 def lossy_cache(ctx: BuildContext) -> bool:

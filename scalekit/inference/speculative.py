@@ -20,24 +20,26 @@ from ..errors import ConfigError
 from ..measure.timing import synchronize
 from ..models.speculative import greedy_accept, lookup_draft, one_hot, sample_accept
 from ..toggles import BuildContext
-from .loop import GREEDY, Decoded, Sampling, family_of, probabilities, sample, step_contexts
+from .loop import GREEDY, Decoded, Sampling, family_of, prepare_caches, probabilities, sample, step_contexts
 
 
 class Runner:
     """One model and its cache, fed from the shared token buffer: `length` positions are in its cache."""
 
-    def __init__(self, family, model, kind: str | None, max_len: int, device):
+    def __init__(self, ctx: BuildContext, family, model, kind: str | None, max_len: int):
         self.family, self.model, self.length = family, model, 0
-        family.prepare(model, 1, max_len)
-        self.cache = family.new_cache(model, kind, 1, max_len, device) if kind else None
+        prepare_caches(ctx, family, model, 1, max_len)
+        self.cache = family.new_cache(model, kind, 1, max_len, ctx.device) if kind else None
 
     def advance(self, seq: torch.Tensor, end: int) -> torch.Tensor:
-        """Logits (T, V) of positions length..end-1 of `seq` (1, N), those positions then kept in the cache."""
+        """Logits (T, V) of positions length..end-1 of `seq` (1, N), those positions then kept in the cache.  The rows
+        are counted from the last: a draft reads only the last one, which a forward that returns the last position
+        alone (nanoGPT's) gives too; the model verified returns every position (checked when the run is built)."""
         start, self.length = self.length, end
         if self.cache is None:  # no cache: the whole sequence so far, and the positions asked for
-            return self.family.logits(self.model, seq[:, :end])[0, start:]
+            return self.family.logits(self.model, seq[:, :end])[0, start - end:]
         pos = torch.arange(start, end, device=seq.device)
-        return self.family.logits(self.model, seq[:, start:end], self.cache, pos)[0]
+        return self.family.logits(self.model, seq[:, start:end], self.cache, pos)[0, start - end:]
 
     def rollback(self, length: int) -> None:
         """Forget positions from `length` on (rejected drafts)."""
@@ -59,11 +61,11 @@ def speculative_decode(ctx: BuildContext, ids: torch.Tensor, pad, new_tokens: in
     T0 = ids.shape[1]
     seq = torch.zeros(1, T0 + new_tokens + spec.k + 1, dtype=torch.long, device=ctx.device)
     seq[:, :T0] = ids
-    target = Runner(family_of(ctx), model or ctx.model, ctx.kv_cache, max_len + spec.k, ctx.device)
+    target = Runner(ctx, family_of(ctx), model or ctx.model, ctx.kv_cache, max_len + spec.k)
     draft = None
     if spec.mode == "draft":
         family, draft_model = ctx.draft
-        draft = Runner(family, draft_model, draft_cache_kind(family), max_len + spec.k, ctx.device)
+        draft = Runner(ctx, family, draft_model, draft_cache_kind(family), max_len + spec.k)
     out = Decoded(tokens=seq[:, T0:T0])
     t0 = time.perf_counter()
     n = T0

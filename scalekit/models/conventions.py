@@ -106,6 +106,21 @@ class ScalekitCacheLM(OwnModel):
         return self.forward(model, ids, **kwargs)
 
 
+def cache_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """(module, name, tensor) of each buffer a gpt-fast-style model keeps its keys or values in: a buffer whose name
+    holds "cache" (gpt-fast's k_cache and v_cache, Llama 3's cache_k and cache_v)."""
+    return [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
+            if buffer is not None and "cache" in name]
+
+
+def key_dtype(model: torch.nn.Module, device_type: str) -> torch.dtype | None:
+    """The dtype the model's forward makes keys and values in: the autocast dtype where autocast is on (bf16
+    computes them in bfloat16), else its weights' (None: a model without floating-point weights)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
 class ModelCache:
     """A handle on the cache a gpt-fast-style model keeps in its own buffers (setup_caches)."""
 
@@ -113,8 +128,7 @@ class ModelCache:
         self.model = model
 
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for name, b in self.model.named_buffers()
-                   if "cache" in name.rsplit(".", 1)[-1])
+        return sum(b.numel() * b.element_size() for _, _, b in cache_buffers(self.model))
 
     def crop(self, length: int) -> None:
         """Nothing to drop: the model masks keys after each query's position and overwrites them next."""
@@ -131,7 +145,18 @@ class SetupCachesLM(OwnModel):
                        f"use kv_cache='static'")
 
     def prepare(self, model, batch, max_len):
+        """The model's own setup_caches, then its cache buffers made to fit this forward: `batch` rows and the dtype
+        its keys come in.  Such a model keeps caches it allocated for more rows or positions (setup_caches returns
+        early), and a copy measured on 8 held-out windows then generating 1 prompt would attend over 8 rows; and it
+        allocates them in its weights' dtype, where bf16 autocast writes bfloat16 keys.  Run it under the autocast
+        the forward runs under (scalekit.inference.loop.prepare_caches)."""
         model.setup_caches(max_batch_size=batch, max_seq_length=max_len)
+        dtype = None
+        for module, name, buffer in cache_buffers(model):
+            dtype = dtype or key_dtype(model, buffer.device.type)
+            want = dtype if buffer.is_floating_point() and dtype is not None else buffer.dtype
+            if buffer.dim() and buffer.shape[0] != batch or buffer.dtype != want:  # the first dimension of a cache is its rows
+                module._buffers[name] = torch.zeros((batch, *buffer.shape[1:]), dtype=want, device=buffer.device)
 
     def new_cache(self, model, kind, batch, max_len, device):
         return ModelCache(model)
@@ -168,4 +193,4 @@ def _built_class(factory) -> type | None:
 
 BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)
 __all__ = ["BUILTIN", "CACHE_CONVENTIONS", "CACHE_KINDS", "ModelCache", "OwnModel", "ScalekitCacheLM",
-           "SetupCachesLM", "module_family"]
+           "SetupCachesLM", "cache_buffers", "key_dtype", "module_family"]
