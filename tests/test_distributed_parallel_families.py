@@ -156,3 +156,19 @@ def test_sequence_parallel_norms_on_a_plan_that_gathers_or_a_model_without_base_
     with pytest.raises(ConfigError, match=r"^tensor_parallel sequence_parallel: GPTNeoXForCausalLM has no "
                                           r"base_model.norm"):
         parallelize(hf_model("gpt_neox"), None, 2, sequence_parallel=True)
+
+
+def test_a_decoder_whose_forward_does_what_the_stages_do_not_is_refused_naming_it_and_why():
+    import transformers
+
+    from scalekit.models.decoder_stages import config_refusal, decoder_refusal
+
+    gemma3 = transformers.AutoModelForCausalLM.from_config(transformers.Gemma3TextConfig(
+        vocab_size=65, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=128, sliding_window=16))
+    assert decoder_refusal(gemma3) == ("pipeline_parallel: Gemma3ForCausalLM's rotary embedding differs by layer "
+                                       "kind (its forward takes a layer_type), which the stages do not compute")
+    cohere = transformers.CohereConfig(vocab_size=65, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    assert config_refusal(cohere, "CohereForCausalLM") == (
+        "pipeline_parallel: CohereForCausalLM (cohere) scales its embeddings or logits in its forward (logit_scale), "
+        "which its stages do not do")

@@ -18,7 +18,7 @@ split here is checked against the model's own forward (tests/test_distributed_pa
 
 Refused, naming the model and what stops it: a model transformers declares no such order for (GPT-2, OPT and
 Falcon in transformers 5.25), layers of another kind than full or sliding attention, a rotary embedding that
-differs by layer kind.
+differs by layer kind (Gemma 3's), embeddings or logits scaled in the forward by a config field (Granite's, Cohere's).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from .chunked_loss import IGNORE_INDEX
 # the families whose stages are checked against their own forward (the rest of the rule is the config's)
 CHECKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_neox")
 LAYER_KINDS = ("full_attention", "sliding_attention")
-UNSCALED_LOGITS = ("logit_scale", "logits_scaling")  # config fields of logits scaled after the head (Cohere, Granite)
+# config fields a family's forward multiplies by outside its modules (Granite's embeddings, Cohere's and Granite's
+# logits), which the stages do not
+FORWARD_SCALES = ("embedding_multiplier", "logit_scale", "logits_scaling")
 
 
 def config_refusal(config, name: str) -> str | None:
@@ -52,10 +54,10 @@ def config_refusal(config, name: str) -> str | None:
     if other:
         return (f"pipeline_parallel: {named} has layers of kind {', '.join(other)}; its stages build causal masks "
                 f"for {' and '.join(LAYER_KINDS)} layers only")
-    scaled = [field for field in UNSCALED_LOGITS if getattr(config, field, None) not in (None, 1, 1.0)]
+    scaled = [field for field in FORWARD_SCALES if getattr(config, field, None) not in (None, 1, 1.0)]
     if scaled:
-        return (f"pipeline_parallel: {named} scales its logits after the head ({', '.join(scaled)}), which its "
-                f"last stage does not do")
+        return (f"pipeline_parallel: {named} scales its embeddings or logits in its forward ({', '.join(scaled)}), "
+                f"which its stages do not do")
     return None
 
 
