@@ -1,6 +1,6 @@
 """compile='regional' captures its blocks' graph in training on every kind of model, not only the built-in GPT: the
-built-in GPT, Hugging Face GPT-2, Llama and Qwen2, and a plain nn.Module whose blocks sit in an nn.ModuleList under a
-name no library uses.  Two steps' losses (the second one after an update, so gradients count too) equal eager's.
+built-in GPT, the nine Hugging Face families of tests/families.py, and a plain nn.Module whose blocks sit in an
+nn.ModuleList under a name no library uses.  Two steps' losses (the second one after an update, so gradients count too) equal eager's.
 
 The numeric tests compile with dynamo's "aot_eager" backend (the graphs traced and split into forward and backward
 as inductor gets them, then run as they are): the capture and the wiring are tested in seconds; one slow test runs
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scalekit import RunConfig, run
-from tests.families import hf_model
+from tests.families import HF_FAMILIES, hf_model
 
 STEPS = 2
 
@@ -77,7 +77,7 @@ def aot_eager_blocks(monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: real(self, backend="aot_eager"))
 
 
-@pytest.mark.parametrize("kind", ["gpt", "gpt2", "llama", "qwen2", "plain"])
+@pytest.mark.parametrize("kind", ["gpt", *HF_FAMILIES, "plain"])
 def test_regional_compile_captures_the_blocks_in_training_and_matches_eager(kind, aot_eager_blocks):
     eager = run(config(kind, {}))  # (each run seeds the generator its batches and weights come from)
     regional = run(config(kind, {"compile": "regional"}))
