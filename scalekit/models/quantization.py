@@ -3,10 +3,10 @@ layers for quantized ones in place.
 
 What is quantized: the linear layers of the model's repeated blocks (`models.blocks.find_blocks`: for the
 built-in GPT, c_attn, c_proj, c_fc and the MLP's c_proj of every block): nn.Linear, its subclasses that compute
-the same (Falcon's FalconLinear, made plain nn.Linear first), and transformers' Conv1D (made nn.Linear).  The token embedding, which the
-built-in GPT ties to its output head, and the position table stay in full precision, as transformers'
-bitsandbytes integration keeps `lm_head`: the embedding is read by row lookups, not matmuls, and untying
-it to quantize the head would add a second copy of it.  Each library is imported only when its method is
+the same (Falcon's FalconLinear, made plain nn.Linear first), and transformers' Conv1D (made nn.Linear).  The
+token embedding, which the built-in GPT ties to its output head, and the position table stay in full precision,
+as transformers' bitsandbytes integration keeps `lm_head`: the embedding is read by row lookups, not matmuls,
+and untying it to quantize the head would add a second copy of it.  Each library is imported only when its method is
 chosen, so scalekit imports without any of them.
 """
 
@@ -208,8 +208,9 @@ def no_linear_why(model: torch.nn.Module) -> str:
     """Why a toggle that changes linear layers would change nothing in `model`, in one line."""
     name = type(model).__name__
     where = f"the repeated blocks of {name}" if find_blocks(model) is not None else name
-    return (f"found no linear layer to change in {where}: it would leave the model as it is (it takes nn.Linear layers, their subclasses that compute the same, "
-            "and transformers' Conv1D; not layers already quantized or wrapped, nor a weight tied to an embedding)")
+    return (f"found no linear layer to change in {where}: it would leave the model as it is (it takes nn.Linear "
+            f"layers, their subclasses that compute the same, and transformers' Conv1D; not layers already "
+            f"quantized or wrapped, nor a weight tied to an embedding)")
 
 
 def quantizable_layers(model: torch.nn.Module) -> int:
