@@ -10,6 +10,9 @@
 
 Anything else is a plain language model: forward(idx) -> logits, and no cache (the kv_cache toggle says
 which conventions would give it one).  The family is read from the model's class, never from its name.
+A forward may return the last position's logits alone (nanoGPT's without targets: (B, 1, vocab)): decoding
+reads only that one, so such a model generates; what needs every position (held-out perplexity, speculative
+verification) finds out from one short forward and says so in one line (scalekit.inference.loop.probe_positions).
 """
 
 from __future__ import annotations
@@ -151,12 +154,13 @@ class SetupCachesLM(OwnModel):
         allocates them in its weights' dtype, where bf16 autocast writes bfloat16 keys.  Run it under the autocast
         the forward runs under (scalekit.inference.loop.prepare_caches)."""
         model.setup_caches(max_batch_size=batch, max_seq_length=max_len)
-        dtype = None
         for module, name, buffer in cache_buffers(model):
-            dtype = dtype or key_dtype(model, buffer.device.type)
-            want = dtype if buffer.is_floating_point() and dtype is not None else buffer.dtype
-            if buffer.dim() and buffer.shape[0] != batch or buffer.dtype != want:  # the first dimension of a cache is its rows
-                module._buffers[name] = torch.zeros((batch, *buffer.shape[1:]), dtype=want, device=buffer.device)
+            if buffer.dim() == 0:
+                continue
+            keys = key_dtype(model, buffer.device.type) if buffer.is_floating_point() else None
+            dtype = keys or buffer.dtype
+            if buffer.shape[0] != batch or buffer.dtype != dtype:  # a cache's first dimension is its rows
+                module._buffers[name] = torch.zeros((batch, *buffer.shape[1:]), dtype=dtype, device=buffer.device)
 
     def new_cache(self, model, kind, batch, max_len, device):
         return ModelCache(model)
