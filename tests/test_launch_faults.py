@@ -494,6 +494,53 @@ def test_a_killed_bench_launchers_ranks_end_within_seconds(tmp_path, fresh_tmp):
     remove_stale_folders(fresh_tmp)  # for the fixture: what the next launch would do
 
 
+SLEEPING_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+
+    assert __name__ == "__main__" and sys.argv[0].endswith("sleeping_rank.py"), (__name__, sys.argv)
+    Path(sys.argv[1], str(os.getpid())).touch()  # its own arguments, as `python sleeping_rank.py READY` gives them
+    time.sleep(60)
+""")
+
+
+def test_a_killed_script_launchers_ranks_end_within_seconds(tmp_path, fresh_tmp):
+    """`scalekit launch` starts fresh interpreters for a script: each is bound to the launcher before the script
+    runs (scalekit.launch.script_bootstrap), and the script still sees itself as __main__ with its own argv."""
+    script, ready = tmp_path / "sleeping_rank.py", tmp_path / "ready"
+    script.write_text(SLEEPING_SCRIPT)
+    ready.mkdir()
+    argv = [sys.executable, "-m", "scalekit.cli", "launch", "--nproc-per-node", "2", str(script), str(ready)]
+    _kill_launcher_when_ranks_are_up(argv, lambda launcher: [int(p.name) for p in ready.iterdir()], fresh_tmp,
+                                     tmp_path)
+    remove_stale_folders(fresh_tmp)  # for the fixture: what the next launch would do
+
+
+TORCHRUN_CELL_UNDER_A_KERNEL = textwrap.dedent("""
+    import sys
+    from scalekit.launch.magic import run_cell
+
+    cell = "import os, sys, time\\nfrom pathlib import Path\\nPath(%r, str(os.getpid())).touch()\\ntime.sleep(60)\\n"
+    run_cell("--nproc-per-node 2", cell % sys.argv[1])
+""")
+
+
+def test_a_killed_kernels_torchrun_cell_ends_within_seconds(tmp_path, fresh_tmp):
+    """The %%torchrun magic's torchrun is told (SIGTERM) when the kernel that started it dies outright, and stops
+    its ranks: neither outlives the kernel."""
+    kernel, ready = tmp_path / "kernel.py", tmp_path / "ready"
+    kernel.write_text(TORCHRUN_CELL_UNDER_A_KERNEL)
+    ready.mkdir()
+    torchruns = []
+
+    def ranks(launcher):
+        torchruns[:] = [p.pid for p in psutil.Process(launcher.pid).children()]
+        return [int(p.name) for p in ready.iterdir()]
+
+    _kill_launcher_when_ranks_are_up([sys.executable, str(kernel), str(ready)], ranks, fresh_tmp, tmp_path)
+    assert torchruns and _wait_for(lambda: not any(map(_alive, torchruns)), RANKS_END_S), "torchrun outlived it"
+
+
 def test_only_folders_nothing_holds_are_stale(fresh_tmp):
     """A running launch's folder stays, and so does a kept one; a folder whose launch has ended goes."""
     with run_folder(keep_logs=False, signals=Signals()) as live, run_folder(True, Signals()) as kept:

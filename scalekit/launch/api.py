@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from . import guards
 from .agent import Agent
 from .rank import UnreadableReturnValue, rank_main
+from .script_bootstrap import bootstrap_args
 from .report import LaunchError, report
 from .run_files import run_folder
 from .signals import Signals
@@ -64,9 +65,9 @@ def launch_script(script: str, script_args=(), nprocs: int | None = None, module
     nprocs = _check_nprocs(nprocs)
     timeout_s = _check_timeout(timeout_s)
     with Signals() as signals, run_folder(keep_logs, signals) as files:
-        target = ["-m", script] if module else [script]
-        outcome = Agent(sys.executable, ("-u", *target, *script_args), nprocs, "spawn", files, timeout_s,
-                        signals).run()
+        # each rank bound to this process's life before the script runs (script_bootstrap)
+        args = bootstrap_args(script, module, script_args, os.getpid())
+        outcome = Agent(sys.executable, ("-u", *args), nprocs, "spawn", files, timeout_s, signals).run()
         if outcome.failed:
             raise report(outcome, files, keep_logs)
         return 0

@@ -19,6 +19,7 @@ import threading
 
 from .agent import PREFIX
 from .commands import LOOPBACK_RDZV
+from .rank import set_parent_death_signal
 from .report import LaunchError
 
 RDZV_OPTIONS = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend",
@@ -46,8 +47,10 @@ def run_cell(line: str, cell: str, out=None, err=None) -> None:
         env = dict(os.environ, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=PREFIX.replace("{rank}", "${rank}"),
                    PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun with several ranks, without its warning banner
+        # torchrun stops its ranks on SIGTERM: the kernel asks for it at its own death too (a kernel killed
+        # outright, by SIGKILL or the OOM killer, would otherwise leave torchrun and its ranks running)
         proc = subprocess.Popen(torchrun_argv(line, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, start_new_session=True)
+                                text=True, env=env, start_new_session=True, preexec_fn=_stop_with_this_process)
         pump = threading.Thread(target=_copy, args=(proc.stderr, err), daemon=True)
         pump.start()
         try:
@@ -62,6 +65,12 @@ def run_cell(line: str, cell: str, out=None, err=None) -> None:
             pump.join(timeout=5)
     if code != 0:
         raise LaunchError(f"torchrun exited with code {code}: the failing rank's traceback is above")
+
+
+def _stop_with_this_process() -> None:
+    """In torchrun's process, before it runs: SIGTERM when the thread that started it ends (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing is asked)."""
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def _copy(stream, dst) -> None:
