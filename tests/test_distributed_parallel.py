@@ -298,7 +298,7 @@ def test_a_stage_count_that_does_not_divide_the_blocks_or_a_model_that_is_no_gpt
 
     gpt = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=3, n_head=2, n_embd=8))
     assert [len(s.h) for s in split_stages(gpt, 2, 3)] == [1]
-    with pytest.raises(ConfigError, match=r"the model's 3 blocks do not split into 2 equal stages \(1 per rank on 2 "
+    with pytest.raises(ConfigError, match=r"GPT's 3 blocks do not split into 2 equal stages \(1 per rank on 2 "
                                           r"ranks\): the stages must divide 3"):
         split_stages(gpt, 0, 2)
     with pytest.raises(ConfigError, match=r"3 blocks do not split into 4 equal stages \(2 per rank on 2 ranks\)"):

@@ -252,7 +252,7 @@ def test_layers_that_do_not_split_into_the_stages_or_a_family_not_split_are_refu
 
     three = transformers.AutoModelForCausalLM.from_config(model_config("llama", num_hidden_layers=3))
     assert [len(s.layers) for s in split_stages(three, 1, 3)] == [1]
-    with pytest.raises(ConfigError, match=r"the model's 3 blocks do not split into 2 equal stages \(1 per rank on 2 "
+    with pytest.raises(ConfigError, match=r"LlamaForCausalLM's 3 blocks do not split into 2 equal stages \(1 per rank on 2 "
                                           r"ranks\): the stages must divide 3"):
         split_stages(three, 0, 2)
     with pytest.raises(ConfigError, match=r"3 blocks do not split into 4 equal stages \(2 per rank on 2 ranks\)"):

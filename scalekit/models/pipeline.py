@@ -173,7 +173,7 @@ def split_stages(model: nn.Module, rank: int, ranks: int, per_rank: int = 1) -> 
     blocks = layout(model).blocks
     stages = ranks * per_rank
     if len(blocks) % stages:
-        raise ConfigError(f"pipeline_parallel: the model's {len(blocks)} blocks do not split into {stages} equal "
+        raise ConfigError(f"pipeline_parallel: {type(model).__name__}'s {len(blocks)} blocks do not split into {stages} equal "
                           f"stages ({per_rank} per rank on {ranks} ranks): the stages must divide {len(blocks)}")
     per = len(blocks) // stages
     make = layout(model).stage
