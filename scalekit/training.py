@@ -230,8 +230,9 @@ def flops_per_step(ctx: BuildContext) -> float | None:
     with torch.random.fork_rng(devices=[ctx.device] if ctx.device.type == "cuda" else []), eager:
         batch = sample_batch(cfg, ctx)
         batch_rows(cfg, batch)  # a batch with no tensor is blamed on what made it, before loss_fn reads it
-        counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch))
-    ctx.base_model.zero_grad(set_to_none=True)
+        trained = [p for p in ctx.base_model.parameters() if p.requires_grad]
+        counted = flops_mod.counted_train_flops(lambda: ctx.loss_fn(ctx.base_model, batch), trained)
+    ctx.base_model.zero_grad(set_to_none=True)  # what a reentrant-checkpointing model's count left there
     return counted or None
 
 

@@ -18,11 +18,26 @@ def gpt_train_flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len:
     return 6 * n_params + 12 * n_layer * n_embd * seq_len
 
 
-def counted_train_flops(step: Callable[[], torch.Tensor]) -> int:
-    """FLOPs of one forward and backward of `step` (which returns the loss), counted by torch."""
+def counted_train_flops(step: Callable[[], torch.Tensor], params: list[torch.Tensor] | None = None) -> int:
+    """FLOPs of one forward and backward of `step` (which returns the loss), counted by torch.
+
+    Given the parameters that train, backward hands their gradients back to no one: nothing lands in `.grad`
+    and no hook a wrapper keeps on them fires (DeepSpeed's ZeRO reduces each gradient from such a hook: the
+    count's gradients, queued there, made its first real step reduce them twice).  torch refuses that to a
+    model that checkpoints the reentrant way: it is counted with a plain backward, as without `params`."""
+    if params:
+        try:
+            return _counted(step, lambda loss: torch.autograd.grad(loss, params, allow_unused=True))
+        except RuntimeError as exc:
+            if "use_reentrant=True" not in str(exc):
+                raise
+    return _counted(step, lambda loss: loss.backward())
+
+
+def _counted(step: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], object]) -> int:
     counter = FlopCounterMode(display=False)
     with counter:
-        step().backward()
+        backward(step())
     return counter.get_total_flops()
 
 
