@@ -20,9 +20,9 @@ from ..errors import ConfigError
 from . import guards
 from .agent import Agent
 from .rank import UnreadableReturnValue, rank_main
-from .script_bootstrap import bootstrap_args
 from .report import LaunchError, report
 from .run_files import run_folder
+from .script_bootstrap import bootstrap_args
 from .signals import Signals
 
 
