@@ -188,6 +188,20 @@ def fresh_cache(tmp_path, monkeypatch):
     shakespeare._VALIDATED.clear()
 
 
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile on dynamo's eager backend: the wiring of every compile mode, without inductor's kernels (each a
+    g++ run of most of a second); the tests that use it compile with inductor once, elsewhere."""
+    real = torch.compile
+
+    def eager(model=None, **kwargs):  # (libraries also call torch.compile as a decorator factory)
+        kwargs.pop("mode", None)
+        kwargs["backend"] = "eager"
+        return real(model, **kwargs) if model is not None else real(**kwargs)
+
+    monkeypatch.setattr(torch, "compile", eager)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _scalekit_cache(tmp_path_factory):
     # tokenized corpus goes to a per-session folder unless the caller chose one

@@ -29,6 +29,7 @@ from scalekit.inference.results import GenerateResult
 from scalekit.measure.results import RunResult
 from scalekit.measure.timing import Spread
 from scalekit.toggles import TOGGLES
+from tests.families import PlainLM, lm_loss, token_pairs
 from tests.helpers import CPU
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -144,35 +145,10 @@ def drawn_toggles(data, loop: str) -> dict:
                             label=name) for name in chosen}
 
 
-class BlocksLM(torch.nn.Module):
-    """A model of your own: repeated blocks of linear layers, logits (B, T, V) from token ids."""
-
-    def __init__(self, vocab: int = 65, width: int = 16):
-        super().__init__()
-        self.emb, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, vocab)
-        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
-                                          for _ in range(2))
-
-    def forward(self, ids):
-        h = self.emb(ids)
-        for block in self.blocks:
-            h = h + block(h)
-        return self.head(h)
-
-
-def own_loss(model, batch):
-    x, y = batch
-    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-
-
-def own_batches(batch_size: int, device: torch.device):
-    return torch.randint(0, 65, (batch_size, 8), device=device), torch.randint(0, 65, (batch_size, 8), device=device)
-
-
 OWN_SAMPLES = [(torch.randint(0, 65, (8,)), torch.randint(0, 65, (8,))) for _ in range(16)]
 # the built-in GPT, or your model with synthetic batches or with your dataset
-MODELS = st.sampled_from([{}, {"model": BlocksLM, "batch_fn": own_batches, "loss_fn": own_loss, "tokens_per_sample": 8},
-                          {"model": BlocksLM, "dataset": OWN_SAMPLES, "loss_fn": own_loss, "tokens_per_sample": 8}])
+MODELS = st.sampled_from([{}, {"model": PlainLM, "batch_fn": token_pairs, "loss_fn": lm_loss, "tokens_per_sample": 8},
+                          {"model": PlainLM, "dataset": OWN_SAMPLES, "loss_fn": lm_loss, "tokens_per_sample": 8}])
 
 
 def drawn_run_config(data) -> dict:
@@ -196,7 +172,7 @@ def drawn_run_config(data) -> dict:
 
 def drawn_generate_config(data) -> dict:
     fields = st.fixed_dictionaries({
-        "model": st.sampled_from(["shakespeare-char", "tiny", BlocksLM]),
+        "model": st.sampled_from(["shakespeare-char", "tiny", PlainLM]),
         "prompts": st.sampled_from(["ROMEO:", "ROMEO:" * 30, ["a", "bcd"], [[1, 2, 3]], [[5], [6, 7]]]),
         "max_new_tokens": st.integers(1, 4), "temperature": st.sampled_from([0.0, 0.5, 2.0]),
         "top_k": st.none() | st.integers(1, 70), "seed": st.integers(0, 2**63 - 1), "warmup_tokens": st.integers(0, 2),

@@ -11,7 +11,6 @@ a training step of each kind of model once, and a generation of each kind of dec
 from __future__ import annotations
 
 import pytest
-import torch
 
 from scalekit import ConfigError, GenerateConfig, ToggleUnavailable, generate, run
 from scalekit.toggles import ORDER, TOGGLES
@@ -33,20 +32,6 @@ def cells(loop: str) -> list:
 def _one_thread():
     with one_thread():
         yield
-
-
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torch.compile on dynamo's eager backend: the wiring of every compile mode, not inductor's kernels (each a
-    g++ run of most of a second), which test_compile_with_inductor_trains_and_generates builds once per model."""
-    real = torch.compile
-
-    def eager(model=None, **kwargs):  # (libraries also call torch.compile as a decorator factory)
-        kwargs.pop("mode", None)
-        kwargs["backend"] = "eager"
-        return real(model, **kwargs) if model is not None else real(**kwargs)
-
-    monkeypatch.setattr(torch, "compile", eager)
 
 
 def skip_if_unavailable(name: str, value) -> None:

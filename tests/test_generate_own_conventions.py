@@ -180,19 +180,6 @@ def _one_thread():
         yield
 
 
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torch.compile on dynamo's eager backend: each compile mode's wiring without inductor's C++ builds."""
-    real = torch.compile
-
-    def eager(model=None, **kwargs):
-        kwargs.pop("mode", None)
-        kwargs["backend"] = "eager"
-        return real(model, **kwargs) if model is not None else real(**kwargs)
-
-    monkeypatch.setattr(torch, "compile", eager)
-
-
 def one_line(text: str | None) -> bool:
     return bool(text) and "\n" not in text.strip() and "Traceback" not in text
 
