@@ -56,6 +56,8 @@ def _row(r: GenerateResult, base: GenerateResult | None) -> list[str]:
         notes.append(f"draft tokens kept {kept} (verifications keeping 0..k: {r.accepted_counts}), "
                      f"{r.target_forwards_per_token:.2f} forwards of the model per token")
     notes += ["machine busy"] if r.busy_note else []
+    if r.flags:  # an "ok" row that is not what its label says (compile on, no graph: eager code measured)
+        notes.insert(0, ", ".join(flag.upper() for flag in r.flags))
     d = r.all_decode_ms
     spread = f"{d.p25:.2f}–{d.p75:.2f}" if d and d.n else "—"
     return [r.label, _fmt(r.decode_tokens_per_s, ",.0f"), *interval_cells(interval, r is base, why),

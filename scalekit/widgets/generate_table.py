@@ -5,13 +5,13 @@ from __future__ import annotations
 from ..inference import GenerateResult, compare_generations
 from .table import html_table
 
-COLUMNS = {"#": "#", "run": "configuration", "status": "status", "batch": "batch",
+COLUMNS = {"#": "#", "run": "configuration", "status": "status", "flags": "flags", "batch": "batch",
            "decode_tokens_per_s": "decode tok/s", "speedup": "speed-up", "speedup_low": "95% from",
            "speedup_high": "to", "verdict": "vs baseline", "decode_ms": "ms/token", "decode_ms_p25": "p25 ms",
            "decode_ms_p75": "p75 ms", "decode_ms_p90": "p90 ms", "ttft_ms": "TTFT ms", "weight_mb": "weights MB",
            "kv_cache_mb": "KV MB", "perplexity": "perplexity", "agreement": "agreement",
            "acceptance": "draft kept", "target_forwards_per_token": "forwards/token", "compile_s": "compile s",
-           "threads": "threads", "note": "note"}
+           "threads": "threads", "sdpa": "attention kernels", "note": "note"}
 
 FORMATS = {"speedup": "{:.2f}×", "agreement": "{:.1%}", "acceptance": "{:.0%}", "target_forwards_per_token": "{:.2f}", "decode_tokens_per_s": "{:,.0f}", "perplexity": "{:.3f}",
            "threads": "{:.0f}"}

@@ -9,9 +9,9 @@ import pandas as pd
 
 from ..measure.results import RunResult, compare
 
-COLUMNS = ["#", "run", "status", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low",
+COLUMNS = ["#", "run", "status", "flags", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low",
            "speedup_high", "verdict", "data_wait_ms", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss",
-           "compile_s", "threads", "note"]
+           "compile_s", "threads", "sdpa", "note"]
 
 
 FINETUNE_COLUMNS = ["trainable_params", "trainable_%", "heldout_before", "heldout_after"]
@@ -41,13 +41,13 @@ FORMATS = {"mfu": "{:.1%}", "data_wait_frac": "{:.1%}", "speedup": "{:.2f}×", "
            "peak_mem_mb": "{:.2f}", "compile_s": "{:.2f}", "final_loss": "{:.4f}", "heldout_before": "{:.4f}",
            "heldout_after": "{:.4f}", "trainable_%": "{:.2f}%", "trainable_params": "{:,.0f}"}
 
-HEADERS = {"#": "#", "run": "configuration", "status": "status", "batch_size": "batch", "step_ms": "median step ms",
+HEADERS = {"#": "#", "run": "configuration", "status": "status", "flags": "flags", "batch_size": "batch", "step_ms": "median step ms",
            "step_ms_iqr": "IQR ms", "tokens_per_s": "tokens/s", "speedup": "speed-up", "speedup_low": "95% from",
            "speedup_high": "to", "verdict": "vs baseline", "threads": "threads", "data_wait_ms": "data wait ms",
            "data_wait_frac": "waiting for data", "peak_mem_mb": "peak MB",
            "mem_ratio": "memory ratio", "mfu": "MFU", "final_loss": "final loss", "compile_s": "compile s",
            "trainable_params": "trainable", "trainable_%": "trainable share", "heldout_before": "held-out before",
-           "heldout_after": "held-out after",
+           "heldout_after": "held-out after", "sdpa": "attention kernels",
            "note": "note"}
 
 
