@@ -235,3 +235,14 @@ def test_the_ladder_skips_the_draft_rung_on_a_model_of_another_tokenizer_with_th
                                          ("+ prompt lookup", {"speculative": "prompt_lookup"})))
     assert [r.status for r in rows] == ["ok", "skipped", "ok"], [(r.label, r.error) for r in rows]
     assert "share the model's tokenizer" in rows[1].error and "\n" not in rows[1].error
+
+
+@pytest.mark.parametrize("speculative", ["draft", "prompt_lookup"])
+def test_speculative_runs_on_a_model_a_toggle_left_computing_in_bf16(speculative):
+    """The inference ladder's last rungs: bf16 with hqq's 4-bit layers (which compute in bf16) and an int8 cache;
+    the check that the model returns every position runs under the run's autocast, as its forwards do (it ran in
+    fp32 and read the mixed dtypes as "cannot generate")."""
+    toggles = {"bf16": True, "kv_cache": "static-int8", "quantize": "hqq-4bit", "inference_mode": True,
+               "speculative": speculative}
+    r = tokens(toggles, PROMPTS[0], n=8, model="tiny")
+    assert r.new_tokens == 8 and r.acceptance_rate is not None

@@ -78,7 +78,11 @@ def check_verifiable(ctx: BuildContext) -> None:
     generated, for a model whose forward returns fewer positions than it is given (nanoGPT's returns the last)."""
     if ctx.speculative is None:
         return
-    shortfall = probe_positions(ctx.model_adapter, ctx.base_model, ctx.device)
+    # under the run's autocast: a toggle may have left layers computing in its dtype (hqq's bf16 4-bit layers)
+    autocast = (torch.autocast(ctx.device.type, dtype=ctx.compute_dtype) if ctx.compute_dtype is not None
+                else contextlib.nullcontext())
+    with torch.no_grad(), autocast:
+        shortfall = probe_positions(ctx.model_adapter, ctx.base_model, ctx.device)
     if shortfall:
         raise ToggleUnavailable(toggle_why("speculative", (
             f"checks k drafted tokens in one forward of the model, which needs logits for every position, and "

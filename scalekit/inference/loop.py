@@ -110,7 +110,7 @@ def positions_shortfall(model: torch.nn.Module, logits: torch.Tensor, tokens: in
 
 @torch.no_grad()
 def probe_positions(family, model: torch.nn.Module, device) -> str | None:
-    """positions_shortfall of one forward of a short sequence (fp32, eager, without a cache): decoding reads only the
+    """positions_shortfall of one forward of a short sequence (eager, without a cache): decoding reads only the
     last position, so any model generates; perplexity and speculative verification need every position."""
     ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device=device)
     family.prepare(model, 1, PROBE_TOKENS)
