@@ -5,7 +5,7 @@ from .applicable import applicable
 from .autotune import autotune
 from .batch_finder import find_batch_size
 from .config import RunConfig
-from .engine import build, run
+from .engine import run
 from .errors import ConfigError, ToggleUnavailable
 from .hardware import detect
 from .inference.config import GenerateConfig
@@ -15,6 +15,7 @@ from .measure.results import RunResult
 from .plan import estimate
 from .side_by_side import compare
 from .toggles import TOGGLES
+from .training import build
 
 __version__ = "0.1.0"
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from . import distributed, hardware, plan
+from . import distributed, hardware, plan, training
 from .config import RunConfig
 from .data import load_tokens
 from .data.loaders import FINETUNE_HELDOUT
-from .measure import memory
+from .measure import flops, memory
 from .measure.attention_backend import AttentionWatch, backends_note
 from .measure.compiled import CompileWatch
 from .measure.results import RunResult, StepRecord
@@ -28,20 +28,6 @@ from .measure.summary import summarise_steps
 from .measure.timing import Spread, step_timer, synchronize
 from .models.pretrained import heldout_loss
 from .toggles import BuildContext, needs_process_group
-from .training import (  # noqa: F401 - build, train_step and the rest are also reached as scalekit.engine.*
-    BUILDERS,
-    batch_tokens,
-    build,
-    flops_per_step,
-    gpt_loss,
-    make_batches,
-    mfu_dtype,
-    probe_step_memory,
-    split_batch,
-    step_tracker,
-    tokens_per_step,
-    train_step,
-)
 
 StepCallback = Callable[[StepRecord], None]
 StatusCallback = Callable[[str], None]
@@ -61,7 +47,7 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
     unchecked = plan.check_fits(cfg, hw) if cfg.check_memory else None  # refused here, before allocating
     status = on_status or (lambda message: None)
     result = RunResult(label=cfg.label, config=cfg.to_dict(), device=hw.device_name,
-                       torch_version=torch.__version__, tokens_per_step=tokens_per_step(cfg))
+                       torch_version=torch.__version__, tokens_per_step=training.tokens_per_step(cfg))
     if unchecked:
         result.notes.append(unchecked)
     if stop is not None and stop.is_set():  # stopped before it began (a time budget ran out): build nothing
@@ -84,9 +70,9 @@ def _build_and_measure(cfg: RunConfig, hw, stack, group, result: RunResult, on_s
     """Build the run, measure its steps and memory; with ranks, every rank's figures gathered."""
     t_build = time.perf_counter()
     status(f"building {cfg.label} ({cfg.preset if not cfg.custom_model else 'your model'})")
-    ctx = build(cfg, hw, stack)
+    ctx = training.build(cfg, hw, stack)
     result.notes.extend(ctx.notes)
-    result.flops_per_step = flops_per_step(ctx)
+    result.flops_per_step = training.flops_per_step(ctx)
     if group is not None:
         distributed.adopt(group, ctx, result)  # this rank's share of tokens and FLOPs
     result.build_s = time.perf_counter() - t_build
@@ -226,9 +212,9 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
             log.timer.start()
             batch = next(ctx.batches)
             log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
-            tokens = batch_tokens(ctx, batch)
+            tokens = training.batch_tokens(ctx, batch)
             with _watched(watch, attention, i, cfg.warmup_steps):
-                loss = train_step(ctx, batch)
+                loss = training.train_step(ctx, batch)
             for hook in ctx.after_step:
                 hook(i)
             log.timer.stop()
@@ -301,7 +287,7 @@ def _record_capture(watch: CompileWatch, result: RunResult) -> None:
 def _summarise(ctx: BuildContext, result: RunResult) -> None:
     cfg = ctx.config
     peak, why = (cfg.peak_tflops, "peak_tflops given in the config") if cfg.peak_tflops is not None else \
-        ctx.hw.peak_tflops(mfu_dtype(ctx))
+        ctx.hw.peak_tflops(flops.mfu_dtype(ctx.compute_dtype, ctx.tf32_matmuls))
     if summarise_steps(result, peak, why) and ctx.compiled:
         result.compile_s = max(0.0, (result.first_step_ms - result.step_ms.median) / 1e3)
     if result.losses:
@@ -323,7 +309,7 @@ def _summarise_data_wait(result: RunResult) -> None:
 
 def _probe_cpu_memory(ctx: BuildContext, result: RunResult, tracker_cls=memory.LiveTensorBytes) -> None:
     """Peak live tensor bytes over one extra (untimed) step, starting from weights and optimizer state."""
-    result.peak_mem_bytes = probe_step_memory(ctx, step_tracker(ctx, tracker_cls))
+    result.peak_mem_bytes = training.probe_step_memory(ctx, training.step_tracker(ctx, tracker_cls))
     result.mem_source = "live tensor bytes over one extra step (CPU has no allocator statistics)"
     if ctx.compiled:
         result.mem_source += "; compiled runs are probed eagerly"

@@ -23,12 +23,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from .config import RunConfig
-from .engine import build, train_step
 from .hardware import detect
 from .measure.memory import LiveTensorBytes
 from .measure.session import pin_threads
 from .measure.stats import Interval, sentence, speedup_interval, too_few_steps
 from .measure.timing import Spread, step_timer, synchronize
+from .training import build, train_step
 
 STEP_RANGE = "scalekit.step"
 DATA_RANGE = "scalekit.data"

@@ -1,7 +1,7 @@
 """Building a training run and taking one step: the part of the loop every measurement shares.
 
 `build` makes everything a run needs, fresh, phase by phase (`scalekit.toggles.PHASES`): after each
-phase's toggles the engine builds what that phase is for (BUILDERS): the batches, the model, the optimizer
+phase's toggles the build makes what that phase is for (BUILDERS): the batches, the model, the optimizer
 and its stepper.  `train_step` is one optimizer step, read top to bottom: micro-batches, autocast,
 backward through the stepper, the update.  The planner runs these same functions on fake tensors.
 """
@@ -33,8 +33,8 @@ from .data import (
 )
 from .data.packing import PackedDocuments, real_tokens
 from .errors import ConfigError
+from .evaluation import build_evaluator
 from .families import model_adapter
-from .inference.evaluate import build_evaluator
 from .measure import flops as flops_mod
 from .measure import memory
 from .models import GPT, PRESETS
@@ -244,23 +244,6 @@ def sample_batch(cfg: RunConfig, ctx: BuildContext):
         dataset, collate_fn = run_dataset(ctx)
         return to_device(first_batch(dataset, cfg.batch_size, cfg.seed, collate_fn), ctx.device)
     return next(ctx.model_adapter.batches(cfg, ctx.device, {}))
-
-
-def mfu_dtype(ctx: BuildContext) -> str:
-    """The dtype whose dense peak MFU is measured against: what the run's matmuls compute in."""
-    if ctx.compute_dtype is not None:
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(ctx.compute_dtype, "fp32")
-    return "tf32" if ctx.tf32_matmuls else "fp32"
-
-
-def mfu_dtype_of(toggles: dict, device: torch.device) -> str:
-    """The dtype MFU is read against for a run with `toggles`, decided as a run decides it: the precision fields
-    its process and precision toggles set (for a Trainer run, whose toggles are mapped from its arguments)."""
-    with contextlib.ExitStack() as stack:  # the process-wide flags a toggle sets are undone here
-        ctx = BuildContext(config=None, hw=None, device=device, stack=stack)
-        for phase in PHASES[:PHASES.index("precision") + 1]:
-            apply_toggles(ctx, phase, toggles)
-        return mfu_dtype(ctx)
 
 
 def batch_maker(cfg: RunConfig) -> str:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import scalekit
-from scalekit import engine, training
+from scalekit import training
+from scalekit.measure import flops
 from scalekit.models.blocks import find_blocks
 from scalekit.toggles import ORDER, PHASES, TOGGLES, BuildContext
 from tests.helpers import CPU, built, tiny
@@ -111,39 +112,103 @@ def test_the_multi_process_runtime_is_a_leaf_and_launch_only_starts_processes():
             assert not any(d.startswith("scalekit.launch") for d in deps), name
 
 
-# Imports only run down: each rule names a layer and the layers it must never import (upward, or sideways).
+# Imports only run down.  LAYERS orders every module of the package, lowest first: a module may import its own
+# layer and the layers below it, never one above (the longest prefix places a module; the package root,
+# scalekit/__init__, is the façade over everything).
+LAYERS = (
+    ("foundations", ("scalekit.errors", "scalekit.optional", "scalekit.files", "scalekit.cxx", "scalekit.reference",
+                     "scalekit.memory_limit", "scalekit.checks", "scalekit.hardware", "scalekit.parallel",
+                     "scalekit.rounds")),
+    ("measure", ("scalekit.measure", "scalekit.report")),  # timing, memory, FLOPs and MFU, results and their tables
+    ("data", ("scalekit.data",)),
+    ("models", ("scalekit.models", "scalekit.checkpoint", "scalekit.adapters")),  # and their weights on disk
+    ("runtime", ("scalekit.distributed",)),  # the multi-process runtime the toggles and the engine join
+    ("toggles", ("scalekit.toggles",)),
+    ("hf", ("scalekit.hf",)),  # the Transformers bridge: the family, the Trainer's arguments and callback
+    ("families", ("scalekit.families",)),
+    ("config", ("scalekit.config",)),
+    ("generation", ("scalekit.inference",)),
+    ("training", ("scalekit.training", "scalekit.evaluation")),
+    ("plan", ("scalekit.plan",)),
+    ("engine", ("scalekit.engine",)),
+    ("runs", ("scalekit.finetune", "scalekit.batch_finder", "scalekit.profiling", "scalekit.qat_quality",
+              "scalekit.side_by_side", "scalekit.ladder", "scalekit.autotune", "scalekit.applicable",
+              "scalekit.course", "scalekit.figures", "scalekit.doctor")),
+    ("launch", ("scalekit.launch",)),
+    ("interfaces", ("scalekit.cli_fields", "scalekit.cli_parser", "scalekit.cli", "scalekit.widgets")),
+)
+ROOT = "scalekit"  # the façade: it may import anything
+
+
+def layer_of(name: str) -> int | None:
+    """The index in LAYERS of module `name`'s layer (its longest matching prefix), None if no layer holds it."""
+    matches = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if name == prefix or name.startswith(prefix + ".")]
+    return max(matches)[1] if matches else None
+
+
+# Sideways (same or lower layer, and still wrong) or spelled out for the seams that matter most: each rule names a
+# part of the package and what it must never import.
+LOOP = ("scalekit.engine", "scalekit.training", "scalekit.evaluation", "scalekit.inference.engine")  # run loops
+ABOVE_TRAINING = ("scalekit.engine", "scalekit.plan", "scalekit.finetune", "scalekit.batch_finder",
+                  "scalekit.autotune", "scalekit.ladder", "scalekit.launch", "scalekit.cli", "scalekit.cli_fields",
+                  "scalekit.cli_parser", "scalekit.widgets")
 NEVER = (
     ("scalekit.models", ("scalekit.hf", "scalekit.toggles", "scalekit.inference", "scalekit.engine",
                          "scalekit.training", "scalekit.widgets")),
     ("scalekit.data", ("scalekit.toggles", "scalekit.models", "scalekit.inference", "scalekit.engine",
                        "scalekit.widgets")),
-    ("scalekit.toggles", ("scalekit.inference", "scalekit.engine", "scalekit.training", "scalekit.plan",
-                          "scalekit.autotune", "scalekit.hf", "scalekit.widgets", "scalekit.launch")),
+    ("scalekit.toggles", (*LOOP, "scalekit.inference", "scalekit.plan", "scalekit.autotune", "scalekit.hf",
+                          "scalekit.families", "scalekit.config", "scalekit.widgets", "scalekit.launch")),
     ("scalekit.measure", ("scalekit.toggles", "scalekit.engine", "scalekit.training", "scalekit.inference",
                           "scalekit.widgets")),
     ("scalekit.errors", ("scalekit",)),
     ("scalekit.checks", ("scalekit.toggles", "scalekit.config", "scalekit.models")),
+    # the Transformers bridge sits under the families and the config that import it, so it reaches no run
+    ("scalekit.hf", (*LOOP, "scalekit.families", "scalekit.config", "scalekit.inference", *ABOVE_TRAINING)),
+    # generation never imports training's code (training's evaluator imports generation's decode loop)
+    ("scalekit.inference", ("scalekit.training", "scalekit.evaluation", *ABOVE_TRAINING)),
+    ("scalekit.training", ABOVE_TRAINING),
+    ("scalekit.evaluation", ABOVE_TRAINING),
 )
 TOGGLE_HELPERS = ("scalekit.toggles.base", "scalekit.toggles.counted")  # what toggles may share
 
 
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """Every import in `graph` that breaks a NEVER rule, a toggle importing another toggle, or a module below the
-    widgets importing them (the package root, scalekit/__init__, is the façade over everything)."""
+    """Every import in `graph` that climbs LAYERS, breaks a NEVER rule, is a toggle importing another toggle, or
+    a module below the widgets importing them."""
     broken = []
+    for name, deps in graph.items():
+        if name == ROOT:
+            continue
+        mine = layer_of(name)
+        broken += [f"{name} ({LAYERS[mine][0]}) imports {d} ({LAYERS[layer_of(d)][0]}), a layer above" for d in deps
+                   if mine is not None and layer_of(d) is not None and layer_of(d) > mine]
     for layer, never in NEVER:
         for name, deps in graph.items():
-            if name == layer or name.startswith(layer + "."):
-                broken += [f"{name} imports {d}" for d in deps if any(d == n or d.startswith(n + ".") for n in never)
-                           and not d.startswith(layer)]
+            if under(name, layer):
+                broken += [f"{name} imports {d}" for d in deps if any(under(d, n) for n in never)
+                           and not under(d, layer)]
     for name, deps in graph.items():
-        if name != "scalekit" and not name.startswith("scalekit.widgets"):
+        if name != ROOT and not under(name, "scalekit.widgets"):
             broken += [f"{name} imports {d} (nothing below the widgets imports them)" for d in deps
-                       if d.startswith("scalekit.widgets")]
+                       if under(d, "scalekit.widgets")]
         if name.startswith("scalekit.toggles.") and name not in TOGGLE_HELPERS:
             broken += [f"{name} imports the toggle {d}" for d in deps
                        if d.startswith("scalekit.toggles.") and d not in TOGGLE_HELPERS]
-    return sorted(broken)
+    return sorted(set(broken))
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(name for name in modules() if name != ROOT and layer_of(name) is None)
+    assert not unplaced, f"place these in LAYERS (tests/test_architecture.py): {unplaced}"
+    assert layer_of("scalekit.not_a_module") is None
+    assert LAYERS[layer_of("scalekit.inference.engine")][0] == "generation"
+    assert LAYERS[layer_of("scalekit.cli_parser")][0] == "interfaces"  # a whole name: not under scalekit.cli
 
 
 def test_imports_only_run_down():
@@ -153,13 +218,31 @@ def test_imports_only_run_down():
 
 def test_the_import_rules_catch_what_they_forbid():
     assert upward_imports({"scalekit.models.family": {"scalekit.hf.model"}}) == \
-        ["scalekit.models.family imports scalekit.hf.model"]
+        ["scalekit.models.family (models) imports scalekit.hf.model (hf), a layer above",
+         "scalekit.models.family imports scalekit.hf.model"]
     assert upward_imports({"scalekit.toggles.dora": {"scalekit.toggles.lora", "scalekit.toggles.base"}}) == \
         ["scalekit.toggles.dora imports the toggle scalekit.toggles.lora"]
     assert upward_imports({"scalekit.engine": {"scalekit.widgets.lab"}}) == \
-        ["scalekit.engine imports scalekit.widgets.lab (nothing below the widgets imports them)"]
+        ["scalekit.engine (engine) imports scalekit.widgets.lab (interfaces), a layer above",
+         "scalekit.engine imports scalekit.widgets.lab (nothing below the widgets imports them)"]
     assert upward_imports({"scalekit.toggles.quantize": {"scalekit.inference.engine"}}) == \
-        ["scalekit.toggles.quantize imports scalekit.inference.engine"]
+        ["scalekit.toggles.quantize (toggles) imports scalekit.inference.engine (generation), a layer above",
+         "scalekit.toggles.quantize imports scalekit.inference.engine"]
+    # a toggle imports no run loop: not the engine, training (its build, its evaluator), nor generation's engine
+    assert upward_imports({"scalekit.toggles.grad_accum": {"scalekit.training"}}) == \
+        ["scalekit.toggles.grad_accum (toggles) imports scalekit.training (training), a layer above",
+         "scalekit.toggles.grad_accum imports scalekit.training"]
+    # the import that closed the loop hf → training → families → hf: both the layer order and hf's rule see it
+    assert upward_imports({"scalekit.hf.callback": {"scalekit.training", "scalekit.measure.flops"}}) == \
+        ["scalekit.hf.callback (hf) imports scalekit.training (training), a layer above",
+         "scalekit.hf.callback imports scalekit.training"]
+    # generation importing training's evaluator: the layer order and generation's own rule
+    assert upward_imports({"scalekit.inference.loop": {"scalekit.evaluation"}}) == \
+        ["scalekit.inference.loop (generation) imports scalekit.evaluation (training), a layer above",
+         "scalekit.inference.loop imports scalekit.evaluation"]
+    # a sideways import the layer order allows and a rule forbids (errors imports nothing of scalekit)
+    assert upward_imports({"scalekit.errors": {"scalekit.files"}}) == ["scalekit.errors imports scalekit.files"]
+    assert upward_imports({"scalekit.measure.flops": {"scalekit.errors"}, "scalekit": {"scalekit.widgets"}}) == []
 
 
 # Libraries whose import can pull in bitsandbytes, which (with the `kernels` package installed) asks the Hub for a
@@ -210,7 +293,8 @@ def test_build_context_refuses_an_undeclared_field():
 
 
 @pytest.mark.parametrize("path", sorted([*(PACKAGE / "toggles").glob("*.py"), PACKAGE / "engine.py",
-                                         PACKAGE / "training.py", PACKAGE / "distributed.py"]), ids=lambda p: p.name)
+                                         PACKAGE / "training.py", PACKAGE / "evaluation.py", PACKAGE / "distributed.py"]),
+                         ids=lambda p: p.name)
 def test_every_context_attribute_the_engine_and_toggles_use_is_declared(path):
     used = attribute_uses(path)
     assert used <= CONTEXT_FIELDS, f"{path.name} uses undeclared BuildContext fields: {sorted(used - CONTEXT_FIELDS)}"
@@ -255,7 +339,7 @@ def test_toggles_and_the_engine_never_test_toggle_names():
         if path.name == "__init__.py":
             continue  # the order, the exclusive and required pairs are written there, by name
         assert not name_tests(path, {path.stem}), f"{path.name} tests another toggle's name"
-    for path in (PACKAGE / "engine.py", PACKAGE / "training.py", PACKAGE / "distributed.py"):
+    for path in (PACKAGE / "engine.py", PACKAGE / "training.py", PACKAGE / "evaluation.py", PACKAGE / "distributed.py"):
         assert not name_tests(path, set()), f"{path.name} tests a toggle's name: {name_tests(path, set())}"
 
 
@@ -273,12 +357,14 @@ def test_build_walks_the_phases_in_their_one_order(monkeypatch):
 
 def test_precision_toggles_set_the_context_fields_wrappers_read():
     with built(tiny(toggles=["bf16"])) as ctx:
-        assert ctx.compute_dtype == ctx.wrapper_param_dtype == torch.bfloat16 and engine.mfu_dtype(ctx) == "bf16"
+        assert ctx.compute_dtype == ctx.wrapper_param_dtype == torch.bfloat16
+        assert flops.mfu_dtype(ctx.compute_dtype, ctx.tf32_matmuls) == "bf16"
     with built(tiny(toggles=["fp16"])) as ctx:
         assert ctx.compute_dtype == torch.float16 and ctx.wrapper_param_dtype is None
         assert ctx.stepper.grad_scaler is ctx.grad_scaler is not None
     with built(tiny()) as ctx:
-        assert ctx.compute_dtype is None and engine.mfu_dtype(ctx) == "fp32" and not ctx.compiled
+        assert ctx.compute_dtype is None and not ctx.compiled
+        assert flops.mfu_dtype(ctx.compute_dtype, ctx.tf32_matmuls) == "fp32"
 
 
 # -- one rule for the blocks --------------------------------------------------------------------------------

@@ -131,9 +131,9 @@ def test_workers_end_when_the_run_succeeds():
 
 
 def test_workers_end_when_a_step_fails(monkeypatch):
-    import scalekit.engine as engine
+    import scalekit.training as training
 
-    step = engine.train_step
+    step = training.train_step
     calls = {"n": 0}
 
     def failing_step(ctx, batch):
@@ -142,7 +142,7 @@ def test_workers_end_when_a_step_fails(monkeypatch):
             raise RuntimeError("a step failed")
         return step(ctx, batch)
 
-    monkeypatch.setattr(engine, "train_step", failing_step)
+    monkeypatch.setattr(training, "train_step", failing_step)
     watch = Watcher()
     result = run(tiny(**RAW, steps=10, log_every=1, toggles={"dataloader_num_workers": 2}), on_step=watch,
                  catch_errors=True)

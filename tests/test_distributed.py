@@ -14,10 +14,10 @@ from torch.nn.parallel import DistributedDataParallel
 import scalekit
 from scalekit import distributed
 from scalekit.distributed import DistributedRunResult
-from scalekit.engine import build, train_step
 from scalekit.launch import launch, launch_run
 from scalekit.measure.results import RunResult, StepRecord
 from scalekit.toggles import needs_process_group
+from scalekit.training import build, train_step
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

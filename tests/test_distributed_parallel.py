@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 import scalekit
 from scalekit import distributed
-from scalekit.engine import build, probe_step_memory, step_tracker, train_step
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch
 from scalekit.models.tensor_parallel import full_parameters
@@ -24,6 +23,7 @@ from scalekit.parallel import mesh_shape
 from scalekit.plan import estimate
 from scalekit.toggles import needs_process_group
 from scalekit.toggles.tensor_parallel import parse
+from scalekit.training import build, probe_step_memory, step_tracker, train_step
 from tests.helpers import Regressor, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 import scalekit
-from scalekit.engine import build, train_step
 from scalekit.errors import ConfigError, ToggleUnavailable
 from scalekit.launch import LaunchError, launch
+from scalekit.training import build, train_step
 from tests.test_distributed_parallel import BATCH, CPU, close, one_step_peak, train, train_and_peak
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
-from scalekit.engine import train_step
 from scalekit.toggles import TOGGLES
+from scalekit.training import train_step
 from tests.helpers import CPU, Regressor, built, mse_loss, regression_batch, tiny
 
 

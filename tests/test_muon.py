@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from scalekit import RunConfig, ToggleUnavailable, estimate, run
-from scalekit.engine import train_step
 from scalekit.models.muon import MuonWithAdamW, muon_with_adamw
+from scalekit.training import train_step
 from tests.helpers import (
     ConvNet,
     NanoStyleGPT,

@@ -40,13 +40,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import ConfigError
 from ..hardware import detect
 from ..measure import memory
+from ..measure.flops import mfu_dtype
 from ..measure.load import LoadMeter
 from ..measure.results import RunResult, StepRecord
 from ..measure.session import pin_threads
 from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
 from ..optional import quiet_import
-from ..training import mfu_dtype_of
+from ..toggles import PHASES, BuildContext, apply_toggles
 from .arguments import run_config_fields, training_defaults
 
 # through scalekit's quiet import: it pulls in peft and bitsandbytes, which must not reach for the Hub
@@ -229,6 +230,16 @@ def _args_summary(args, tp_size: int = 1) -> dict:
 def _plain(value):
     """A TrainingArguments value as JSON takes it (its enums, such as optim, by their value)."""
     return getattr(value, "value", value)
+
+
+def mfu_dtype_of(toggles: dict, device: torch.device) -> str:
+    """The dtype MFU is read against for a Trainer run whose arguments map to `toggles`, decided as a run decides
+    it: from the precision fields its process and precision toggles set."""
+    with contextlib.ExitStack() as stack:  # the process-wide flags a toggle sets are undone here
+        ctx = BuildContext(config=None, hw=None, device=device, stack=stack)
+        for phase in PHASES[:PHASES.index("precision") + 1]:
+            apply_toggles(ctx, phase, toggles)
+        return mfu_dtype(ctx.compute_dtype, ctx.tf32_matmuls)
 
 
 def _summarise(cb: ScalekitCallback, r: RunResult) -> None:

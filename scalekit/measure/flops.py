@@ -47,3 +47,11 @@ def mfu(flops_per_step: float | None, step_s: float, peak_tflops: float | None) 
     if not flops_per_step or not peak_tflops or not step_s or step_s != step_s:
         return None
     return flops_per_step / step_s / (peak_tflops * 1e12)
+
+
+def mfu_dtype(compute_dtype: torch.dtype | None, tf32_matmuls: bool) -> str:
+    """The dtype whose dense peak MFU is read against: what a run's matmuls compute in (its autocast dtype,
+    else TF32 where the process lets float32 matmuls use it, else FP32)."""
+    if compute_dtype is not None:
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype, "fp32")
+    return "tf32" if tf32_matmuls else "fp32"

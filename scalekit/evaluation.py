@@ -1,11 +1,12 @@
-"""Inference in the training loop: evaluate every N steps, under the inference toggles, and count its cost.
+"""Training's evaluation: every N steps of a run, under the inference toggles, its cost counted apart.
 
 `RunConfig(eval_every=N)` makes the engine call `Evaluator.maybe_run` between measured steps, outside their
 timing but inside the run's wall time: each evaluation reads the held-out loss over the same fixed batches
 (the validation split of the shipped corpus, as the model's family takes it; for your own model, batches
 your batch_fn or dataset made once at the start) and, with `eval_new_tokens`, writes a short greedy sample with the decode loop.  Both run under the
 grad mode and KV cache the generation toggles chose (inference_mode, kv_cache) and the run's autocast.
-The result keeps every evaluation and the share of the wall time they took.
+The result keeps every evaluation and the share of the wall time they took.  The training build makes the
+evaluator (`build_evaluator`, its last BUILDERS step); generation's own code never imports it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from itertools import islice
 import numpy as np
 import torch
 
-from ..data import dataset_loader, load_tokens, synthetic_batches, to_device
-from ..data.loaders import FINETUNE_HELDOUT
-from ..errors import ConfigError
-from ..models.presets import PRESETS
-from ..toggles import PHASES, TOGGLES, BuildContext, apply_toggles
-from .config import corpus_tokenizer
-from .loop import decode, step_contexts
+from .data import dataset_loader, load_tokens, synthetic_batches, to_device
+from .data.loaders import FINETUNE_HELDOUT
+from .errors import ConfigError
+from .inference.config import corpus_tokenizer
+from .inference.loop import decode, step_contexts
+from .models.presets import PRESETS
+from .toggles import PHASES, TOGGLES, BuildContext, apply_toggles
 
 SAMPLE_PROMPT_TOKENS = 8  # the sample continues the first characters of the held-out text
 
