@@ -20,6 +20,7 @@ from .config import RunConfig
 from .engine import run
 from .errors import ConfigError, is_out_of_memory
 from .hardware import detect
+from .toggles import TOGGLES
 
 MULTIPLE = 8  # look between powers of two in steps of this
 
@@ -76,12 +77,16 @@ def find_batch_size(config: RunConfig, budget_bytes: int | None = None, start: i
     """The largest batch_size for `config` whose training step fits `budget_bytes` (peak memory).
 
     On a GPU without a budget, a batch fits if its step does not run out of memory.  On a CPU a budget is
-    required (trying until the machine runs out of RAM would take the machine down with it).  With
-    grad_accum=k every batch tried is a multiple of k.
+    required (trying until the machine runs out of RAM would take the machine down with it).  Every batch
+    tried is a multiple of the micro-batches per optimizer step the toggles declare (Toggle.micro_batches:
+    grad_accum=k splits each batch into k).
     """
     hw = detect(config.device)
-    unit = config.toggles.get("grad_accum", 1)
-    start = _check_search(hw, budget_bytes, start or unit, unit, max_batch_size)
+    splits = {name: TOGGLES[name].micro_batches(value) for name, value in config.toggles.items()}
+    splits = {name: k for name, k in splits.items() if k > 1}  # the toggles that split each batch, and into how many
+    unit = math.prod(splits.values())
+    unit_said = " × ".join(f"{name}={k}" for name, k in splits.items())
+    start = _check_search(hw, budget_bytes, start or unit, unit, unit_said, max_batch_size)
     search = BatchSizeSearch(batch_size=0, budget_bytes=budget_bytes)
     tried: dict[int, Trial] = {}
 
@@ -100,15 +105,15 @@ def find_batch_size(config: RunConfig, budget_bytes: int | None = None, start: i
     return search
 
 
-def _check_search(hw, budget_bytes, start: int, unit: int, max_batch_size: int) -> int:
+def _check_search(hw, budget_bytes, start: int, unit: int, unit_said: str, max_batch_size: int) -> int:
     if budget_bytes is None and hw.device_type != "cuda":
         raise ConfigError("find_batch_size: budget_bytes is required on a CPU (a peak-memory budget in bytes, "
                           "e.g. 2 * 2**30)")
     if budget_bytes is not None and (isinstance(budget_bytes, bool) or not budget_bytes > 0):
         raise ConfigError(f"find_batch_size: budget_bytes must be a positive number of bytes, got {budget_bytes!r}")
     if start % unit or start > max_batch_size:
-        raise ConfigError(f"find_batch_size: start={start} must be a multiple of grad_accum={unit} and at most "
-                          f"max_batch_size={max_batch_size}")
+        multiple = f"a multiple of {unit_said} and " if unit > 1 else ""
+        raise ConfigError(f"find_batch_size: start={start} must be {multiple}at most max_batch_size={max_batch_size}")
     return start
 
 

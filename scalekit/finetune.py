@@ -4,9 +4,10 @@
 the first 80% of the held-out tail of the corpus ("new-plays"), its loss on the rest measured before and
 after.  `finetune_ladder` measures full fine-tuning, then each cheaper method alone (they are
 alternatives, not a cumulative ladder): head only, LoRA, DoRA, QLoRA, and QLoRA with activation
-checkpointing and an 8-bit optimizer.  Adapters (and a head alone) train at `ADAPTER_LR`, the full model at
-`LR`: each method at a rate that suits it.  `heldout_curve` trains one configuration and reads the held-out
-loss every few steps, with the engine's one definition of it (`scalekit.engine.heldout_tokens`).
+checkpointing and an 8-bit optimizer.  Adapters (and a head alone: the toggles that declare
+`trains_few_weights`) train at `ADAPTER_LR`, the full model at `LR`: each method at a rate that suits it.
+`heldout_curve` trains one configuration and reads the held-out loss every few steps, with the engine's one
+definition of it (`scalekit.engine.heldout_tokens`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 
 from .config import RunConfig
 from .engine import heldout_tokens, run
+from .errors import ToggleUnavailable
 from .hardware import cuda_gpu_present, detect
 from .measure.results import RunResult
 from .measure.session import pin_threads
@@ -29,7 +31,6 @@ LR = 3e-4  # full fine-tuning's rate: a tenth of the pretraining peak (3e-3)
 # Adapters are few values and B starts at zero, so their update begins small: at LR they barely move in a short
 # run (chapter 09 measures it); ten times the full model's rate suits them, and a head alone too.
 ADAPTER_LR = 3e-3
-ADAPTER_TOGGLES = ("lora", "dora", "head_only")  # what makes a run train only a few new or added weights
 CPU_SEQ_LEN = 128  # the model's context is 1024; a CPU fine-tunes shorter windows in reasonable time
 
 FINETUNE_RUNGS: tuple[tuple[str, dict], ...] = (
@@ -52,9 +53,10 @@ def finetune_config(**overrides) -> RunConfig:
 
 
 def method_lr(toggles: dict, lr: float, adapter_lr: float | None) -> float:
-    """The learning rate of a method: `adapter_lr` for runs that train adapters or a head alone (when given),
-    `lr` for the rest."""
-    if adapter_lr is not None and any(toggles.get(name) for name in ADAPTER_TOGGLES):
+    """The learning rate of a method: `adapter_lr` for runs that train adapters or a head alone (a toggle that
+    declares `trains_few_weights` is on; when given), `lr` for the rest."""
+    if adapter_lr is not None and any(TOGGLES[name].trains_few_weights for name, value in toggles.items()
+                                      if value is not False and value is not None):
         return adapter_lr
     return lr
 
@@ -73,12 +75,12 @@ def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_stat
     for label, toggles in rungs:
         if stop is not None and stop.is_set():
             break
-        why = next((w for n in toggles if not (w := TOGGLES[n].available(hw))[0]), None)
         both = {**base.toggles, **toggles}
-        cfg = None if why is not None else dataclasses.replace(base, toggles=both, label=label,
-                                                               lr=method_lr(both, base.lr, adapter_lr))
-        if cfg is None:
-            result = RunResult(label=label, config={}, status="skipped", error=why[1], device=hw.device_name)
+        cfg = dataclasses.replace(base, toggles=both, label=label, lr=method_lr(both, base.lr, adapter_lr))
+        why = unavailable_here(cfg, hw)
+        if why is not None:
+            cfg = None
+            result = RunResult(label=label, config={}, status="skipped", error=why, device=hw.device_name)
         else:
             result = run(cfg, on_status=on_status, stop=stop, hw=hw, catch_errors=True)
         results.append(result)
@@ -91,6 +93,16 @@ def finetune_ladder(base: RunConfig | None = None, rungs=FINETUNE_RUNGS, on_stat
                                            catch_errors=True),
                 repeats, stop=stop, on_status=on_status)
     return results
+
+
+def unavailable_here(cfg: RunConfig, hw) -> str | None:
+    """Why `cfg` cannot run on `hw` (the first of its toggles or modes that cannot, named, with the reason
+    check_available gives), or None when it can."""
+    try:
+        cfg.check_available(hw)
+    except ToggleUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def _finetune_base(base: RunConfig | None) -> RunConfig:
@@ -118,6 +130,7 @@ def heldout_curve(config: RunConfig, every: int, hw=None) -> list[tuple[int, flo
     if tokens is None:
         raise ValueError(f"heldout_curve: RunConfig.data={cfg.data!r} has no held-out part (fine-tuning data such "
                          f"as 'new-plays' has)")
+    cfg.check_available(hw)  # refused before building, as a run is
     with contextlib.ExitStack() as stack:
         pin_threads(stack, cfg.threads)
         ctx = build(cfg, hw, stack)

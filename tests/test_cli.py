@@ -74,7 +74,7 @@ def test_the_parser_is_built_once_per_set_of_toggles_and_keeps_nothing_between_p
     assert first.parse_args(["bench", "--steps", "7"]).steps == 7 and first.parse_args(["bench"]).steps == 20
 
     class Probe(Toggle):
-        name, summary, cost, helps_when, group, phase = "parser_probe", "a probe", "none", "never", "probe", "step"
+        name, summary, cost, helps_when, group, phase = "parser_probe", "a probe", "none", "never", "memory", "step"
         loops = ("train",)
 
         def apply(self, ctx, value):

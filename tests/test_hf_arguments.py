@@ -54,7 +54,7 @@ def test_a_real_training_arguments_maps_field_by_field(tmp_path):
 class PersistentWorkers(Toggle):
     """A toggle the registry does not have: it declares its TrainingArguments field and its spellings, nothing else."""
 
-    name, summary, phase = "persistent_workers", "DataLoader workers kept from one epoch to the next", "data"
+    name, summary, group, phase = "persistent_workers", "DataLoader workers kept from one epoch to the next", "data", "data"
     training_fields = {"dataloader_persistent_workers": False}
 
     def from_training_arguments(self, fields, notes):

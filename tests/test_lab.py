@@ -131,10 +131,10 @@ def test_toggles_with_modes_get_dropdowns_built_generically(cpu):
         name, summary, group, phase, choices = "accum_probe", "split the batch", "memory", "step", (2, 4, 8)
 
     class Sharded(Toggle):
-        name, summary, group, phase, choices = "shard_probe", "shard", "parallel", "wrap", ("full", "grad_op")
+        name, summary, group, phase, choices = "shard_probe", "shard", "kernels", "wrap", ("full", "grad_op")
 
     class Replicated(Toggle):
-        name, summary, group, phase = "replicate_probe", "replicate", "parallel", "wrap"
+        name, summary, group, phase = "replicate_probe", "replicate", "kernels", "wrap"
 
     toggles = (*ORDER, Accumulate(), Sharded(), Replicated())
     panel = TogglePanel(cpu, toggles=toggles, exclusive=(*exclusions(), ("shard_probe", "replicate_probe", "")))
@@ -144,7 +144,7 @@ def test_toggles_with_modes_get_dropdowns_built_generically(cpu):
     assert control.widget.value == "off" and panel.selected() == {}
     control.set(4)
     assert panel.selected() == {"accum_probe": 4}
-    parallel = panel.controls["parallel"]  # exclusive toggles, one of them with modes: one dropdown
+    parallel = panel.controls["kernels"]  # exclusive toggles, one of them with modes: one dropdown
     assert [label for label, _ in parallel.widget.options] == ["off", "full", "grad_op", "replicate_probe"]
     parallel.set("grad_op")
     assert panel.selected() == {"accum_probe": 4, "shard_probe": "grad_op"}
@@ -252,22 +252,22 @@ def test_a_failed_run_is_shown_in_words_and_the_lab_stays_usable(cpu):
 
 def test_exclusion_is_not_taken_as_transitive(cpu):
     class A(Toggle):
-        name, summary, group, phase = "a_probe", "a", "g", "step"
+        name, summary, group, phase = "a_probe", "a", "memory", "step"
 
     class B(Toggle):
-        name, summary, group, phase = "b_probe", "b", "g", "step"
+        name, summary, group, phase = "b_probe", "b", "memory", "step"
 
     class C(Toggle):
-        name, summary, group, phase = "c_probe", "c", "g", "step"
+        name, summary, group, phase = "c_probe", "c", "memory", "step"
 
     # a excludes b, b excludes c, but a and c go together: a/b share a dropdown, c stays its own control
     pairs = (("a_probe", "b_probe", "both x"), ("b_probe", "c_probe", "both y"))
     panel = TogglePanel(cpu, toggles=(A(), B(), C()), exclusive=pairs)
     assert sorted(c.names for c in panel.controls.values()) == [("a_probe", "b_probe"), ("c_probe",)]
-    panel.controls["g"].set("a_probe")
+    panel.controls["memory"].set("a_probe")
     panel.controls["c_probe"].set(True)
     assert panel.selected() == {"a_probe": True, "c_probe": True} and panel.conflicts() == []
-    panel.controls["g"].set("b_probe")
+    panel.controls["memory"].set("b_probe")
     assert panel.conflicts() == ["b_probe and c_probe cannot be on together: both y"]
 
 

@@ -47,7 +47,7 @@ from . import (
     vectorized_transforms,
     zero,
 )
-from .base import LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
+from .base import GROUPS, KINDS, LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
 
 # Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
@@ -104,12 +104,25 @@ ORDER: list[Toggle] = [
 TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}  # by name, in ORDER; both kept in step by register()
 
 
-def register(toggle: Toggle, after: str | None = None) -> Toggle:
-    """Add `toggle` to ORDER and TOGGLES (after the toggle named `after`, else last of its phase), so every part
-    of scalekit that reads them (validation, the Lab, the CLI, the planner, exports, autotune) sees it."""
+def check_registrable(toggle: Any) -> None:
+    """Refuse (ConfigError) what is not a Toggle with a name, a phase and a group: what a subclass sets is checked
+    when it is defined (base.check_declared); this catches what it leaves unset."""
     if not isinstance(toggle, Toggle) or not toggle.name or toggle.phase not in PHASES:
         raise ConfigError(f"register: a Toggle with a name and a phase (one of {', '.join(PHASES)}) is needed, "
                           f"got {toggle!r}")
+    if toggle.group not in GROUPS:
+        raise ConfigError(f"register: toggle {toggle.name!r} has group={toggle.group!r}; it must be one of "
+                          f"{', '.join(map(repr, GROUPS))}")
+
+
+for _toggle in ORDER:
+    check_registrable(_toggle)
+
+
+def register(toggle: Toggle, after: str | None = None) -> Toggle:
+    """Add `toggle` to ORDER and TOGGLES (after the toggle named `after`, else last of its phase), so every part
+    of scalekit that reads them (validation, the Lab, the CLI, the planner, exports, autotune) sees it."""
+    check_registrable(toggle)
     if toggle.name in TOGGLES:
         raise ConfigError(f"register: a toggle named {toggle.name!r} exists already")
     if after is not None:
@@ -233,4 +246,4 @@ def needs_process_group(toggles) -> bool:
 __all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination", "plan_facts",
            "mesh_dims",
            "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "Spelling", "BuildContext",
-           "OptimizerStep", "PHASES", "LOOPS", "LOOP_WORDS"]
+           "OptimizerStep", "PHASES", "LOOPS", "LOOP_WORDS", "GROUPS", "KINDS"]

@@ -39,8 +39,21 @@ PHASES = (
     "optimizer",  # the optimizer's choice and options, before it is built over the final parameters
     "step",  # per-step behaviour: accumulation, hooks after each step, engines that own the step
 )
-KINDS = ("runtime", "memory", "both")
+KINDS = ("runtime", "memory", "both")  # what a toggle saves: step time, memory, or both
 LOOPS = ("train", "generate")  # the loops a toggle can apply to
+# The course's groups: the Lab shows one heading per group, in the order its toggles first appear in ORDER.
+GROUPS = (
+    "precision",  # the dtypes matmuls and weights compute in
+    "data",  # the input pipeline
+    "kernels",  # which kernels run the same maths
+    "shapes",  # sizes that suit the hardware's tiles
+    "memory",  # levers that trade time for memory
+    "finetune",  # training a few new or chosen weights of a pretrained model
+    "optimizer",  # the optimizer and how it steps
+    "compile",  # torch.compile
+    "distributed",  # several processes: data, tensor and pipeline parallelism, sharding
+    "inference",  # generation
+)
 
 
 class OptimizerStep:
@@ -249,14 +262,17 @@ class Toggle:
     summary: str = ""  # one line: what it does
     cost: str = ""  # one line: what it costs
     helps_when: str = ""  # one line: when it helps
-    group: str = ""  # course grouping for the Lab panel
-    kind: str = "runtime"  # one of KINDS
+    group: str = ""  # course grouping for the Lab panel: one of GROUPS (checked when the class is defined)
+    kind: str = "runtime"  # one of KINDS (checked when the class is defined)
     phase: str = ""  # one of PHASES
     loops: tuple[str, ...] = ("train",)  # the loops it applies to (LOOPS)
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
     gpt_only: bool = False  # changes the built-in GPT's architecture: another model needs an adapter that can
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
     changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
+    # trains only a few weights it adds or picks (adapters, the head alone), the rest frozen: fine-tuning gives such
+    # a run its own learning rate (scalekit.finetune.ADAPTER_LR)
+    trains_few_weights: bool = False
     # -- what validation, the planner and autotune read of it (they name no toggle) ---------------------------
     excludes: Mapping[str, str] = {}  # toggles that cannot be on with this one -> why (declared on one side)
     requires: tuple[str, ...] = ()  # toggles of which at least one must be on with this one
@@ -264,13 +280,19 @@ class Toggle:
     plan_note: str = ""  # what the planner says of it where it changes no tensor a step keeps ("" when `plan` models it)
     tuning: tuple[Tune, ...] = ()  # the changes autotune tries with this toggle (none: it is not searched)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_declared(cls)
+
     def available(self, hw) -> tuple[bool, str]:
-        """(True, "") or (False, the reason in plain words)."""
+        """Whether the toggle (some mode of it) can run here: (True, "") or (False, the reason in plain words)."""
         return True, ""
 
-    def choice_available(self, hw, value: Any) -> tuple[bool, str]:
-        """Whether this toggle can run with `value` (one of its choices) here; by default what `available` says.
-        A toggle whose modes need different libraries or devices (quantization methods) answers per mode."""
+    def choice_available(self, hw, value: Any = True) -> tuple[bool, str]:
+        """Whether this toggle can run with `value` (True for an on/off toggle, else one of its choices) here: the
+        one answer every config's check_available, the CLI, the Lab and autotune ask before anything is built.  By
+        default what `available` says; a toggle whose modes need different libraries or devices (quantization
+        methods, optimizers, Liger's loss) answers per mode here, and nowhere else."""
         return self.available(hw)
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
@@ -327,6 +349,11 @@ class Toggle:
         the ranks left over form the data-parallel dimension.  By default none."""
         return {}
 
+    def micro_batches(self, value: Any) -> int:
+        """Micro-batches per optimizer step this toggle, on with `value`, splits each batch into (the batch must be
+        a multiple of it: the batch-size finder steps by it); by default 1."""
+        return 1
+
     def plan(self, facts: PlanFacts, value: Any) -> None:
         """Tell the planner what this toggle changes in a training step's memory (the fields of PlanFacts)."""
 
@@ -377,6 +404,23 @@ class Toggle:
     def off_spelling(self, target: str, cfg: Any) -> Spelling:
         """What `target`'s code says while the toggle is off, where that must be said (dataloader_num_workers=0)."""
         return Spelling()
+
+
+# class attribute -> the values it may take; a subclass that sets one to anything else fails when it is defined
+DECLARED_VALUES = {"group": GROUPS, "kind": KINDS, "phase": PHASES}
+
+
+def check_declared(cls: type) -> None:
+    """Refuse (ConfigError) a Toggle class that sets `group`, `kind` or `phase` to a value outside its tuple, or
+    `loops` to anything but LOOPS' members, naming the toggle, the field and the allowed values."""
+    who = f"toggle {cls.__dict__['name']!r}" if cls.__dict__.get("name") else f"Toggle subclass {cls.__name__}"
+    for field_name, allowed in DECLARED_VALUES.items():
+        if field_name in cls.__dict__ and cls.__dict__[field_name] not in allowed:
+            raise ConfigError(f"{who}: {field_name}={cls.__dict__[field_name]!r} is not one of "
+                              f"{', '.join(map(repr, allowed))}")
+    loops = cls.__dict__.get("loops", LOOPS)
+    if not loops or any(loop not in LOOPS for loop in loops):
+        raise ConfigError(f"{who}: loops={loops!r} must name one or more of {', '.join(map(repr, LOOPS))}")
 
 
 def _called_functions(cls: type) -> list:

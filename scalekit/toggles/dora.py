@@ -13,6 +13,7 @@ class DoRA(CountToggle):
     cost = "LoRA's matmuls plus a weight norm per layer and step: slower than LoRA (≈1.2-1.4× on CPU here)"
     helps_when = "LoRA's quality at a low rank is not enough: DoRA gets closer to full fine-tuning"
     group = "finetune"
+    trains_few_weights = True  # the base stays frozen
     kind = "memory"
     phase = "wrap"
     default = 8

@@ -29,8 +29,11 @@ class GradAccum(CountToggle):
         # the engine's train_step splits the batch, scales each loss by 1/k and clears grads (set_to_none)
         ctx.grad_accum_steps = value
 
+    def micro_batches(self, value: int) -> int:
+        return value
+
     def plan(self, facts, value: int) -> None:
-        facts.micro_batches = value
+        facts.micro_batches = self.micro_batches(value)
 
     def traced(self, value) -> bool:
         return True

@@ -42,6 +42,7 @@ class HeadOnly(Toggle):
     cost = "only the last layer learns: the representation stays the pretrained one"
     helps_when = "the new task is close to the old one and memory or time is tight: the smallest fine-tune"
     group = "finetune"
+    trains_few_weights = True  # the base stays frozen
     kind = "memory"
     phase = "wrap"
 

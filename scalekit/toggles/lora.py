@@ -13,6 +13,7 @@ class LoRA(CountToggle):
     cost = "an extra pair of thin matmuls per adapted layer; a low-rank update fits less than full fine-tuning"
     helps_when = "fine-tuning: gradients and optimizer state only for r·(in+out) values per layer"
     group = "finetune"
+    trains_few_weights = True  # the base stays frozen
     kind = "memory"
     phase = "wrap"
     default = 8

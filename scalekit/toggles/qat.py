@@ -16,7 +16,7 @@ class QAT(Toggle):
     summary = "quantization-aware training (torchao QATConfig): the blocks' linears train fake-quantized to int4"
     cost = "each forward rounds every weight (and activation) it quantizes: slower steps, one weight-sized copy per linear"
     helps_when = "the model will be quantized to int4 after training: QAT recovers part of the loss PTQ costs"
-    group = "fine-tuning"
+    group = "finetune"
     kind = "runtime"
     phase = "wrap"
     choices = tuple(qat_mod.MODES)
