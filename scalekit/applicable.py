@@ -6,8 +6,9 @@
 The answer is built from what the toggles declare, never from a model's name: the loops a toggle acts in
 (`loops`), whether the model's family can take the change (`applies_to`: the family's KV cache for
 kv_cache, with each kind it keeps), whether it would change nothing for this configuration (`changes_nothing`: data toggles on
-batches a batch_fn makes), and whether this machine can run it (`available`; asked again of a CUDA GPU, so
-that a toggle that needs one says "applies here only on a GPU").  The Lab's panel shows the same reasons.
+batches a batch_fn makes), and whether this machine can run it (`available`, or `choice_available` for the mode
+a given config chooses: the answer its check_available gives; asked again of a CUDA GPU, so that a toggle that
+needs one says "applies here only on a GPU").  The Lab's panel shows the same reasons.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware |
     trained = HFCausalLM(model) if is_hf_config(model) else model  # a transformers config: the model it builds
     families = {"train": toggle_family(trained) if custom else None,
                 "generate": generation_family(model) if custom else None}
-    rows = [dict(toggle=t.name, loop=loop, **dict(zip(("status", "reason"), verdict(t, loop, families[loop],
-                                                                                       train_cfg, hw), strict=True)))
+    chosen = {"train": train_cfg.toggles if train_cfg is not None else {},  # the modes the config asks for
+              "generate": gen_cfg.toggles if gen_cfg is not None else {}}
+    rows = [dict(toggle=t.name, loop=loop, **dict(zip(("status", "reason"), verdict(
+                t, loop, families[loop], train_cfg, hw, value=chosen[loop].get(t.name)), strict=True)))
             for t in ORDER for loop in LOOPS]
     family = families["generate"].family if custom else "the built-in GPT"
     return Applicability(rows, family)
@@ -109,10 +112,11 @@ def _unused(*args):
 
 
 def verdict(t: Toggle, loop: str, family, train_cfg: RunConfig | None, hw: Hardware,
-            launches: bool = False) -> tuple[str, str]:
+            launches: bool = False, value: Any = None) -> tuple[str, str]:
     """(status, reason) of toggle `t` in `loop` for a model of `family` (None: the built-in GPT), the resolved
     training config `train_cfg` (its data decides what the data toggles act on; None: not asked) on `hw`.  launches:
-    the asker starts the processes a toggle like ddp needs (the Lab), so it is asked as a rank would be."""
+    the asker starts the processes a toggle like ddp needs (the Lab), so it is asked as a rank would be.  `value`:
+    the mode a config chooses (its availability is that mode's, Toggle.choice_available); None: any mode."""
     if loop not in t.loops:
         where = " and ".join(LOOP_WORDS[x] for x in t.loops)
         return DOES_NOT, f"acts in {where}, not in {LOOP_WORDS[loop]}"
@@ -124,10 +128,15 @@ def verdict(t: Toggle, loop: str, family, train_cfg: RunConfig | None, hw: Hardw
         nothing = t.changes_nothing(train_cfg)
         if nothing:
             return DOES_NOT, nothing
-    ok, why = t.available_in_ranks(hw) if launches and t.needs_process_group else t.available(hw)
+    def runs_on(where: Hardware) -> tuple[bool, str]:
+        if launches and t.needs_process_group:
+            return t.available_in_ranks(where)
+        return t.available(where) if value is None else t.choice_available(where, value)
+
+    ok, why = runs_on(hw)
     if ok:
         return APPLIES, ""
-    if hw.device_type != "cuda" and t.available(reference_gpu(hw))[0]:
+    if hw.device_type != "cuda" and runs_on(reference_gpu(hw))[0]:
         return GPU_ONLY, why
     return UNAVAILABLE, why
 

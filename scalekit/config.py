@@ -259,9 +259,10 @@ class RunConfig:
         return " + ".join(n if v is True or v == "default" else f"{n}={v}" for n, v in self.toggles.items())
 
     def check_available(self, hw) -> None:
-        """Raise ToggleUnavailable for the first toggle this machine cannot run, with the reason."""
-        for name in self.toggles:
-            ok, why = TOGGLES[name].available(hw)
+        """Raise ToggleUnavailable for the first toggle (or mode) this machine cannot run, with the reason: what
+        each toggle's choice_available says, asked before anything is built."""
+        for name, value in self.toggles.items():
+            ok, why = TOGGLES[name].choice_available(hw, value)
             if not ok:
                 raise ToggleUnavailable(f"RunConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 

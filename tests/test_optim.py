@@ -13,7 +13,7 @@ from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
 from scalekit.toggles import optim as optim_mod
 from scalekit.toggles.optim import EIGHT_BIT, OPTIMIZERS, make_optimizer
 from scalekit.training import train_step
-from tests.helpers import built, learns, tiny
+from tests.helpers import CPU, built, learns, tiny
 
 STEPS = dict(steps=20, warmup_steps=1, log_every=5)
 
@@ -122,9 +122,9 @@ def test_missing_bitsandbytes_is_explained(monkeypatch):
     monkeypatch.setattr(optim_mod.importlib.util, "find_spec",
                         lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     for name in EIGHT_BIT:
-        ok, why = optim_mod.choice_available(name)
+        ok, why = optim_mod.TOGGLE.choice_available(CPU, name)
         assert not ok and "bitsandbytes" in why and "not installed" in why
-    assert optim_mod.choice_available("adamw_torch_fused") == (True, "")
+    assert optim_mod.TOGGLE.choice_available(CPU, "adamw_torch_fused") == (True, "")
     with pytest.raises(ToggleUnavailable, match="needs bitsandbytes"):
         run(tiny(toggles={"optim": "lion_8bit"}))
 

@@ -271,8 +271,7 @@ class GenerateConfig:
     def check_available(self, hw) -> None:
         """Raise ToggleUnavailable for the first toggle (or mode) this machine cannot run, with the reason."""
         for name, value in self.toggles.items():
-            toggle = TOGGLES[name]
-            ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+            ok, why = TOGGLES[name].choice_available(hw, value)
             if not ok:
                 raise ToggleUnavailable(f"GenerateConfig.toggles: toggle {name!r} is unavailable on this machine: {why}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -33,18 +34,6 @@ OPTIMIZERS = {
                       "the rest (embeddings, norms, biases, head: 8 bytes/param)"),
 }
 EIGHT_BIT = ("adamw_bnb_8bit", "adam_bnb_8bit", "paged_adamw_8bit", "lion_8bit")
-
-
-def choice_available(value: str) -> tuple[bool, str]:
-    """Whether optimizer `value` can be built here, and why not."""
-    library = OPTIMIZERS[value][0]
-    if library == "bitsandbytes" and importlib.util.find_spec("bitsandbytes") is None:
-        return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
-    if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
-        return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
-    if value == "muon" and not hasattr(torch.optim, "Muon"):
-        return False, f"torch {torch.__version__} has no torch.optim.Muon (added in torch 2.9)"
-    return True, ""
 
 
 def make_optimizer(value: str, params, lr: float, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
@@ -176,10 +165,20 @@ class Optim(Toggle):
               Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True),
               Tune("muon", rank=145, label="Muon for the block matrices (to fit)", memory_only=True))
 
+    def choice_available(self, hw, value: Any = True) -> tuple[bool, str]:
+        """Whether optimizer `value` can be built here, and why not (the device does not matter: the library does)."""
+        value = self.validate(value)
+        library = OPTIMIZERS[value][0]
+        if library == "bitsandbytes" and importlib.util.find_spec("bitsandbytes") is None:
+            return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+        if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
+            return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
+        if value == "muon" and not hasattr(torch.optim, "Muon"):
+            return False, f"torch {torch.__version__} has no torch.optim.Muon (added in torch 2.9)"
+        return True, ""
+
     def apply(self, ctx: BuildContext, value: str) -> None:
-        ok, why = choice_available(value)
-        if not ok:
-            raise ToggleUnavailable(why)
+        # whether `value` runs here was asked before the build (choice_available, through check_available)
         if value in EIGHT_BIT:
             keep_embeddings_32bit(ctx, quiet_import("bitsandbytes"))
             if value.startswith("paged") and ctx.device.type != "cuda":
