@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 
-from .cli_parser import flag_names, parser
+from .cli_fields import changed_flags, derived_fields, given_fields
+from .cli_parser import LADDER_GENERATE_FIELDS, flag_names, parser
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
 from .files import STDOUT, check_writable, save_text
@@ -62,9 +63,10 @@ def _toggles(args) -> dict:
 def _generate_config(args, toggles, ladder: bool = False):
     from .inference import GenerateConfig
 
-    if ladder:  # the ladder's shared run options: only preset (as the model), device, seed and batch apply
-        unused = [flag for flag, value, default in (("--seq-len", args.seq_len, None), ("--steps", args.steps, 20),
-                  ("--data", args.data, "auto"), ("--warmup-steps", args.warmup_steps, 3)) if value != default]
+    if ladder:  # the ladder's shared run options: only preset (as the model), batch and those of both configs apply
+        shared = tuple(n for n in derived_fields(RunConfig) if n in derived_fields(GenerateConfig))
+        unused = changed_flags(args, RunConfig, tuple(n for n in derived_fields(RunConfig)
+                                                      if n not in ("preset", "batch_size", *shared)))
         if unused:
             what = "tune --generate" if getattr(args, "generate", False) else "ladder inference"
             raise ConfigError(f"scalekit {what}: {', '.join(unused)} set how training is measured; generation "
@@ -72,19 +74,14 @@ def _generate_config(args, toggles, ladder: bool = False):
                               f"the prompt), --device and --seed")
         model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
         _check_generation_flags(args, model)
-        prompts = args.prompt or ["ROMEO:"] * (args.batch_size or 1)
-        return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                              device=args.device, seed=args.seed, toggles=toggles,
-                              quality_seq_len=args.quality_seq_len, threads=args.threads)
+        prompts = args.prompts or ["ROMEO:"] * (args.batch_size or 1)
+        given = given_fields(args, GenerateConfig, (*shared, *LADDER_GENERATE_FIELDS))
+        return GenerateConfig(model=model, prompts=prompts, toggles=toggles, **given)
     if args.hf_model is not None:
         args.preset = args.model if args.model in PRESET_NAMES else "auto"
     model = _hf_model(args) or args.model or "shakespeare-char"
-    prompts = args.prompt or ["ROMEO:"]
-    return GenerateConfig(model=model, prompts=prompts, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, seed=args.seed, toggles=toggles,
-                          device=args.device, warmup_tokens=args.warmup_tokens, quality=args.quality,
-                          quality_seq_len=args.quality_seq_len, threads=args.threads)
-
+    prompts = args.prompts or ["ROMEO:"]
+    return GenerateConfig(model=model, prompts=prompts, toggles=toggles, **given_fields(args, GenerateConfig))
 
 
 def _check_generation_flags(args, model: str) -> None:
@@ -101,11 +98,7 @@ def _check_generation_flags(args, model: str) -> None:
 
 
 def _config(args, toggles) -> RunConfig:
-    return RunConfig(preset=args.preset, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
-                     steps=args.steps, warmup_steps=args.warmup_steps, log_every=args.log_every, data=args.data,
-                     transform_rounds=args.transform_rounds, device=args.device, seed=args.seed,
-                     peak_tflops=args.peak_tflops, check_memory=args.check_memory, init=args.init,
-                     model=_hf_model(args), threads=args.threads, **({"lr": args.lr} if getattr(args, "lr", None) is not None else {}))
+    return RunConfig(toggles=toggles, model=_hf_model(args), **given_fields(args, RunConfig))
 
 
 def _hf_model(args):

@@ -1,4 +1,4 @@
-"""The command line's parser: its subcommands and options, and the flag each config field is spelled as."""
+"""The command line's parser: its subcommands and options (a config field's flag is derived: scalekit.cli_fields)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 import functools
 import re
 
-from .config import PRESET_NAMES
+from .cli_fields import add_field_flags, flags_of
+from .config import RunConfig
+from .inference.config import GenerateConfig
 from .ladder import LADDERS
 from .launch import commands as launch_commands
 from .toggles import TOGGLES
@@ -18,60 +20,34 @@ def _toggle_arg(text: str) -> tuple[str, object]:
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="auto", help=f"model size: {', '.join(PRESET_NAMES)} (default: auto)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's)")
-    p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="unmeasured warm-up steps (default 3)")
-    p.add_argument("--log-every", type=int, default=5, help="read the loss every N steps (default 5)")
-    p.add_argument("--data", default="auto", help="shakespeare, shakespeare-raw, synthetic, new-plays (the tail the "
-                                                   "shipped model never saw, for fine-tuning) or auto (default)")
-    p.add_argument("--transform-rounds", type=int, default=None, metavar="N",
-                   help="with --data shakespeare-raw: its per-sample transform's cost (hash rounds per token)")
-    p.add_argument("--init", default="random", help="the built-in GPT's starting weights: random (default) or "
-                                                    "pretrained (preset shakespeare-char)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--peak-tflops", type=float, default=None, help="device dense peak for MFU, if not in the table")
-    p.add_argument("--no-memory-check", dest="check_memory", action="store_false",
-                   help="run even when the planned peak memory is over this machine's limit (RAM, the "
-                        "container's cgroup limit, or a GPU's free memory)")
-    p.add_argument("--hf-model", default=None, metavar="FAMILY",
-                   help="a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
+    """Every RunConfig field's flag (scalekit.cli_fields derives them), and --hf-model for its model."""
+    add_field_flags(p, RunConfig)
+    _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
                         "scalekit's GPT (needs transformers)")
-    _threads_option(p)
 
 
-def _threads_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch's intra-op threads (default: the cores other processes are not already using, "
-                        "at least one)")
+def _hf_model_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002 - argparse's own word
+    p.add_argument("--hf-model", default=None, metavar="FAMILY", help=help)
+
+
+# the GenerateConfig fields a ladder's generation (ladder inference, tune --generate) takes as flags of its own;
+# the fields both configs have (seed, device, ...) and --hf-model are the run options', --batch-size copies the prompt
+LADDER_GENERATE_FIELDS = ("max_new_tokens", "quality_seq_len")
 
 
 def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
-    """Options of `scalekit generate`; the inference ladder takes them too (the training ladder ignores them)."""
+    """Options of `scalekit generate`; the inference ladder takes some of them (the training ladder ignores them)."""
     what = "inference ladder: " if ladder else ""
-    p.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+    p.add_argument("--prompt", action="append", default=None, metavar="TEXT", dest="prompts",
                    help=f"{what}a prompt (repeatable: a batch of prompts; default 'ROMEO:')")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"{what}tokens generated per prompt (default 200, cut to fit the model's context)")
     p.add_argument("--model", default=None, help=f"{what}shakespeare-char (the shipped model, default) or a preset "
                                                  f"name for random weights")
-    p.add_argument("--quality-seq-len", type=int, default=None, metavar="N",
-                   help=f"{what}tokens per held-out window of the quality measures (default 256, cut to the context)")
     if ladder:
+        add_field_flags(p, GenerateConfig, LADDER_GENERATE_FIELDS, help_prefix=what)
         return
-    p.add_argument("--hf-model", default=None, metavar="FAMILY",
-                   help="a Hugging Face model (gpt2 or llama) built offline with random weights in the shape of "
+    _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline with random weights in the shape of "
                         "--model's preset (default: this machine's), instead of scalekit's GPT (needs transformers)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); above 0: sampled")
-    p.add_argument("--top-k", type=int, default=None, help="with sampling: draw from the k most likely tokens")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the unmeasured warm-up (default 8)")
-    _threads_option(p)
-    p.add_argument("--no-quality", dest="quality", action="store_false",
-                   help="skip perplexity and agreement on held-out text")
+    add_field_flags(p, GenerateConfig)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -150,7 +126,6 @@ def _export_command(sub) -> None:
     export.add_argument("target", choices=["hf", "accelerate", "lightning"], help="the framework to write code for")
     _run_options(export)
     _toggle_option(export, "as for bench")
-    export.add_argument("--lr", type=float, default=None, help="learning rate (default: RunConfig's, 1e-3)")
     export.add_argument("--world-size", type=int, default=1, metavar="N",
                         help="processes the framework runs in, for ddp/fsdp/deepspeed (default 1)")
 
@@ -183,20 +158,11 @@ def _tune_command(sub) -> None:
                            "Lightning")
 
 
-GENERATE_FLAGS = {"prompts": "--prompt", "max_new_tokens": "--max-new-tokens", "model": "--model",
-                  "quality_seq_len": "--quality-seq-len",
-                  "temperature": "--temperature", "top_k": "--top-k", "seed": "--seed", "device": "--device",
-                  "warmup_tokens": "--warmup-tokens", "toggles": "--toggle", "threads": "--threads"}
-FLAGS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "steps": "--steps", "warmup_steps": "--warmup-steps",
-         "log_every": "--log-every", "data": "--data", "transform_rounds": "--transform-rounds", "device": "--device",
-         "seed": "--seed", "preset": "--preset", "peak_tflops": "--peak-tflops", "toggles": "--toggle",
-         "check_memory": "--no-memory-check", "init": "--init", "model": "--hf-model", "lr": "--lr",
-         "threads": "--threads"}
-
-
 def flag_names(message: str) -> str:
     """A RunConfig error with the command-line flag it is about: '... (flag: --steps)'."""
-    flags = [FLAGS[f] for f in dict.fromkeys(re.findall(r"RunConfig\.(\w+)", message)) if f in FLAGS]
-    flags += [GENERATE_FLAGS[f] for f in dict.fromkeys(re.findall(r"GenerateConfig\.(\w+)", message))
-              if f in GENERATE_FLAGS]
+    flags = []
+    for cls in (RunConfig, GenerateConfig):
+        known = flags_of(cls)
+        for name in dict.fromkeys(re.findall(rf"{cls.__name__}\.(\w+)", message)):
+            flags += [flag for flag in known.get(name, ()) if flag not in flags]
     return f"{message} (flag: {', '.join(flags)})" if flags else message

@@ -39,7 +39,8 @@ class RunConfig:
     """One run: a model, its data and batch, the toggles switched on, and how long to measure."""
 
     preset: str = "auto"
-    """Built-in GPT size: 'tiny', 'small', 'medium', 'gpt2-124m', or 'auto' (tiny on CPU, gpt2-124m on GPU)."""
+    """Built-in GPT size: 'tiny', 'small', 'medium', 'tiny-vocab50k', 'gpt2-124m', 'shakespeare-char' (the shipped
+    model's shape), or 'auto' (tiny on CPU, gpt2-124m on GPU)."""
     toggles: Mapping[str, Any] | Sequence[str] = field(default_factory=dict)
     """Optimizations to switch on: names, or {name: True | mode}, e.g. {"compile": "max-autotune"}."""
     batch_size: int | None = None
@@ -54,8 +55,8 @@ class RunConfig:
     """Read the loss (a device sync) every this many steps."""
     data: str = "auto"
     """'shakespeare' (the shipped corpus, pre-tokenized), 'shakespeare-raw' (its raw text, tokenized and
-    transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), or 'auto' (the
-    preset's choice)."""
+    transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), 'new-plays' (the
+    corpus' tail the shipped model never saw, for fine-tuning), or 'auto' (the preset's choice)."""
     transform_rounds: int | None = None
     """With data='shakespeare-raw': what its per-sample transform (character noise) costs, in hash rounds per
     token (the work grows linearly with it; 0: no transform; None: scalekit.data.DEFAULT_TRANSFORM_ROUNDS)."""
