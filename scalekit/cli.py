@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from .cli_fields import changed_flags, derived_fields, given_fields
+from .cli_fields import changed_flags, derived_fields, field_flags, given_fields
 from .cli_parser import LADDER_GENERATE_FIELDS, flag_names, parser
 from .config import PRESET_NAMES, RunConfig
 from .errors import ConfigError
@@ -69,9 +69,10 @@ def _generate_config(args, toggles, ladder: bool = False):
                                                       if n not in ("preset", "batch_size", *shared)))
         if unused:
             what = "tune --generate" if getattr(args, "generate", False) else "ladder inference"
+            takes = [spec.flag for spec in field_flags(GenerateConfig, (*LADDER_GENERATE_FIELDS, *shared))]
             raise ConfigError(f"scalekit {what}: {', '.join(unused)} set how training is measured; generation "
-                              f"takes --prompt, --max-new-tokens, --model, --batch-size (copies of "
-                              f"the prompt), --device and --seed")
+                              f"takes --prompt, --model, --hf-model, --preset (as the model), --batch-size (copies "
+                              f"of the prompt), {', '.join(takes)}")
         model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
         _check_generation_flags(args, model)
         prompts = args.prompts or ["ROMEO:"] * (args.batch_size or 1)
