@@ -233,6 +233,14 @@ def test_torchrun_command_for_a_config_and_for_several_nodes():
 
     args = parser().parse_args(cmd[8:])
     assert _config(args, dict(args.toggle)) == cfg
+    # every field a flag can carry is carried (they are derived from RunConfig's fields, as the flags are)
+    other = tiny(toggles=["ddp"], batch_size=8, lr=0.01, eval_every=2, eval_batches=1, measure_memory=False,
+                 check_memory=False, threads=1, peak_tflops=3.5)
+    cmd = torchrun_command(other, nproc_per_node=2)
+    args = parser().parse_args(cmd[cmd.index("scalekit.cli") + 1:])
+    assert _config(args, dict(args.toggle)) == other
+    with pytest.raises(ConfigError, match=r"RunConfig.adapter_targets has no `scalekit bench` flag"):
+        torchrun_command(tiny(adapter_targets=("c_fc",)), nproc_per_node=2)
     one = torchrun_command("train.py", nproc_per_node=4, args=["--lr", "1e-3"])
     assert one == ["torchrun", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
                    "--local-addr=127.0.0.1", "train.py", "--lr", "1e-3"]

@@ -50,25 +50,26 @@ def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_r
 
 
 def bench_args(cfg) -> list[str]:
-    """`scalekit bench` flags for a RunConfig; fields without a flag must keep their defaults."""
+    """`scalekit bench` flags for a RunConfig, derived from its fields as the command line's flags are
+    (scalekit.cli_fields): every field away from its default is carried, and one no flag can carry is refused."""
+    from ..cli_fields import NO_COUNTERPART, field_flags
     from ..config import RunConfig
 
     if cfg.custom_model:
         raise ConfigError("RunConfig.model: your own model cannot be passed on a command line; launch a script "
                           "that builds it (scalekit launch script.py) instead")
     default = RunConfig()
-    for name in ("lr", "measure_memory", "tokens_per_sample", "adapter_targets"):
-        if getattr(cfg, name) != getattr(default, name):
-            raise ConfigError(f"RunConfig.{name} has no `scalekit bench` flag; launch a script instead")
-    out = ["--preset", cfg.preset, "--steps", cfg.steps, "--warmup-steps", cfg.warmup_steps,
-           "--log-every", cfg.log_every, "--data", cfg.data, "--device", cfg.device, "--seed", cfg.seed,
-           "--init", cfg.init]
-    for flag, value in (("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len),
-                        ("--peak-tflops", cfg.peak_tflops)):
-        if value is not None:
-            out += [flag, value]
-    if not cfg.check_memory:
-        out.append("--no-memory-check")
+    said_elsewhere = ("label", "notes")  # a row's name and what made the config: not what runs
+    for name in (key.split(".")[1] for key in NO_COUNTERPART if key.startswith("RunConfig.")):
+        if name not in said_elsewhere and getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(f"RunConfig.{name} has no `scalekit bench` flag ({NO_COUNTERPART['RunConfig.' + name]}); "
+                              f"launch a script instead")
+    out: list = []
+    for spec in field_flags(RunConfig):
+        value = getattr(cfg, spec.options["dest"])
+        if value == spec.options["default"]:
+            continue
+        out += [spec.flag] if "action" in spec.options else [spec.flag, value]
     for name, value in cfg.toggles.items():
         out += ["--toggle", name if value is True else f"{name}={value}"]
     return [str(x) for x in out]
