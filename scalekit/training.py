@@ -50,7 +50,9 @@ def gpt_loss(model: torch.nn.Module, batch) -> torch.Tensor:
 
 def build(cfg: RunConfig, hw: hardware.Hardware, stack: contextlib.ExitStack) -> BuildContext:
     """Everything a run needs, built fresh, phase by phase (PHASES): after each phase's toggles, what that
-    phase is for is built (BUILDERS): the batches, the model, the optimizer and its stepper."""
+    phase is for is built (BUILDERS): the batches, the model, the optimizer and its stepper.  A toggle or mode
+    this machine cannot run is refused first, whoever builds (scalekit.run checks it before it plans, too)."""
+    cfg.check_available(hw)
     torch.manual_seed(cfg.seed)
     adapter = model_adapter(cfg.model)
     ctx = BuildContext(config=cfg, hw=hw, device=hw.device, stack=stack,

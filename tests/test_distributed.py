@@ -230,6 +230,7 @@ def test_deepspeed_glue_routes_backward_and_step_through_the_engine_cpu_proxy(mo
     the last one marked as the accumulation boundary, one engine.step per step, the same update as plain."""
     import types
 
+    from scalekit.toggles import TOGGLES
     from scalekit.toggles.deepspeed import ds_config
 
     made = {}
@@ -240,6 +241,8 @@ def test_deepspeed_glue_routes_backward_and_step_through_the_engine_cpu_proxy(mo
         return made["engine"], optimizer, None, None
 
     monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(initialize=initialize))
+    # one process stands in for the ranks the toggle needs: the build's availability check is told so
+    monkeypatch.setattr(TOGGLES["deepspeed"], "choice_available", lambda hw, value=True: (True, ""))
     ds_cfg = tiny(batch_size=BATCH, toggles={"deepspeed": "zero3-offload", "grad_accum": 2}).resolve(CPU)
     with contextlib.ExitStack() as stack:
         ctx = build(ds_cfg, CPU, stack)

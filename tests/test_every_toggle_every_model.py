@@ -36,7 +36,7 @@ def _one_thread():
 
 def skip_if_unavailable(name: str, value) -> None:
     t = TOGGLES[name]
-    ok, why = t.available(CPU) if t.choices is None else t.choice_available(CPU, value)
+    ok, why = t.choice_available(CPU, value)
     if not ok:
         assert one_line(why), why
         pytest.skip(f"{name}: {why}")

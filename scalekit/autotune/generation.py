@@ -38,7 +38,7 @@ def generation_space(base: GenerateConfig, hw, min_agreement: float, stop=None) 
             ok, why = toggle.choice_applies(family, value)
             if not ok:
                 return False, f"{name} {why}"
-        return toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+        return toggle.choice_available(hw, value)
 
     judged: dict = {}  # configuration -> (why refused, peak bytes) from its first measurement
 

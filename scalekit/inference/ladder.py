@@ -125,7 +125,7 @@ def _rung_toggles(change: dict, hw, family=None) -> tuple[dict, str]:
             ok, why = toggle.choice_applies(family, value)
             if not ok:
                 return {}, f"{name} {why}"
-        ok, why = toggle.available(hw) if toggle.choices is None else toggle.choice_available(hw, value)
+        ok, why = toggle.choice_available(hw, value)
         if not ok:
             return {}, why
         toggles[name] = value

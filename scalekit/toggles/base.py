@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..models.pipeline import InFlight
 
 # The phases of a build, in the order the engine runs them.  After the toggles of a phase, the engine
-# builds what that phase is for (engine.BUILDERS): after "data" the batches, after "model_config" the
+# builds what that phase is for (training.BUILDERS): after "data" the batches, after "model_config" the
 # model, after "optimizer" the optimizer and its stepper.
 PHASES = (
     "process",  # process-wide flags (TF32), undone through the run's exit stack

@@ -26,7 +26,7 @@ class GradAccum(CountToggle):
 
     def apply(self, ctx: BuildContext, value: int) -> None:
         micro_batch_rows(ctx.config.batch_size, 1, value)
-        # the engine's train_step splits the batch, scales each loss by 1/k and clears grads (set_to_none)
+        # training.train_step splits the batch, scales each loss by 1/k and clears grads (set_to_none)
         ctx.grad_accum_steps = value
 
     def micro_batches(self, value: int) -> int:
