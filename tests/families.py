@@ -58,11 +58,12 @@ def hf_model(family: str, seed: int = 0) -> torch.nn.Module:
 class PlainLM(torch.nn.Module):
     """A language model of a user's own: embedding, repeated residual blocks of linears, a head; no cache."""
 
-    def __init__(self, vocab: int = 65, d: int = 32, layers: int = 2):
+    def __init__(self, vocab: int = 65, d: int = 32, layers: int = 2, hidden: int = 64,
+                 linear: type = torch.nn.Linear):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(d, 64), torch.nn.GELU(),
-                                                               torch.nn.Linear(64, d)) for _ in range(layers)])
+        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(linear(d, hidden), torch.nn.GELU(), linear(hidden, d))
+                                           for _ in range(layers)])
         self.head = torch.nn.Linear(d, vocab)
 
     def forward(self, idx):

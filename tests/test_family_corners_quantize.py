@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scalekit import ConfigError, GenerateConfig, RunConfig, ToggleUnavailable, generate, run
-from tests.families import hf_config, hf_model
+from tests.families import PlainLM, hf_config, hf_model
 from tests.helpers import CPU, ConvNet, classify_loss, image_batch, one_thread
 
 transformers = pytest.importorskip("transformers")
@@ -127,21 +127,11 @@ class ScaledLinear(torch.nn.Linear):
         return 2.0 * super().forward(x)
 
 
-class SubclassLM(torch.nn.Module):
-    """A language model of a user's own whose blocks' linears are subclasses of nn.Linear."""
+class SubclassLM(PlainLM):
+    """A language model of a user's own whose blocks' linears are subclasses of nn.Linear (the head a plain one)."""
 
-    def __init__(self, layer: type = BiasApartLinear, vocab: int = 65, d: int = 64):
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(layer(d, 128), torch.nn.GELU(), layer(128, d))
-                                           for _ in range(2)])
-        self.head = torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        x = self.emb(idx)
-        for block in self.blocks:
-            x = x + block(x)
-        return self.head(x)
+    def __init__(self, layer: type = BiasApartLinear):
+        super().__init__(d=64, hidden=128, linear=layer)
 
 
 def logits(model, x):
