@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -89,26 +90,42 @@ def one_kv_head_llama():
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
-@pytest.mark.parametrize(("make", "cls"), [(lambda: hf_model("falcon"), "FalconForCausalLM"),
-                                           (one_kv_head_llama, "LlamaForCausalLM")])
-def test_the_int8_cache_is_refused_where_a_positions_keys_are_not_whole_groups(make, cls):
+@pytest.mark.parametrize("make", [lambda: hf_model("falcon"), one_kv_head_llama, lambda: hf_model("llama")],
+                         ids=["Falcon: 1 kv head × 16", "Llama: 1 kv head × 16", "Llama: 2 kv heads × 16"])
+def test_the_int8_cache_groups_divide_each_positions_keys_so_any_prompt_length_fits(make):
+    """hqq quantizes a (batch, kv heads, positions, head dim) tensor in groups: with 64 values a group, a model with
+    16 or 32 values per position fails on prompts of some lengths.  The group is the largest divisor of 64 that
+    divides a position's keys, and every prompt length generates the tokens the unquantized cache does."""
     pytest.importorskip("hqq")
-    refused(lambda: int8_cache(make()), cls, "1 kv head(s) × head dim 16", "groups of 64")
+    from scalekit.hf.generation import kv_group_values
+
+    model = make()
+    per_position = (getattr(model.config, "num_key_value_heads", None) or 1) * 16  # head dim 16 in tests/families
+    assert kv_group_values(model.config) == per_position  # 16 or 32: a divisor of 64
+    for length in (3, 5):
+        prompt = tuple(range(1, length + 1))
+        quantized = generate(int8_cache(model, prompt), hw=CPU)
+        plain = generate(dataclasses.replace(int8_cache(model, prompt), toggles={"kv_cache": "dynamic"}), hw=CPU)
+        assert quantized.status == "ok", quantized.error
+        assert quantized.token_ids == plain.token_ids and len(quantized.token_ids[0]) == 3  # 8-bit keys keep these tiny models' greedy tokens
 
 
-def test_that_refusal_guards_a_real_failure_and_a_whole_group_model_generates_any_prompt_length():
+def test_a_64_value_group_on_16_values_a_position_is_the_failure_the_smaller_group_avoids():
     pytest.importorskip("hqq")
-    from scalekit.hf.generation import new_cache
-
-    model = one_kv_head_llama()
-    cache = new_cache(model, "dynamic-int8", 16)
+    transformers_cache = transformers.QuantizedCache(backend="hqq", config=one_kv_head_llama().config, nbits=8,
+                                                     q_group_size=64)
     keys = torch.randn(1, 1, 3, 16)  # one row, one kv head, 3 positions, head dim 16: 48 values
-    with pytest.raises(AssertionError, match="group_size"):  # hqq's own check, which the refusal answers first
-        cache.update(keys, keys.clone(), 0)
-    phi3 = hf_model("phi3")  # 4 kv heads × 16 = 64 values per position: any prompt length fits
-    result = generate(int8_cache(phi3, prompt=(1, 2, 3)), hw=CPU)
-    assert result.status == "ok" and result.new_tokens == 3, result.error
-    assert result.kv_cache_bytes > 0
+    with pytest.raises(AssertionError, match="group_size"):  # hqq's own check
+        transformers_cache.update(keys, keys.clone(), 0)
+
+
+def test_a_head_shape_too_small_for_groups_of_8_is_refused_naming_it():
+    pytest.importorskip("hqq")
+    config = hf_config("llama")
+    config.num_key_value_heads, config.head_dim = 1, 4  # 4 values a position: a group's scale outweighs its codes
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    refused(lambda: int8_cache(model), "LlamaForCausalLM", "1 kv head(s) × head dim 4", "kv_cache='dynamic'")
 
 
 # -- subclasses of nn.Linear -------------------------------------------------------------------------------------

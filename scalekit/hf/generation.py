@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -43,27 +44,38 @@ def kv_cache_support(cls: type, kind: str | None, config=None) -> tuple[bool, st
     return True, ""
 
 
-# values per HQQ group in the int8 cache: new_cache passes it, and quantized_cache_support checks the heads against it
+# values per HQQ group in the int8 cache: at most KV_GROUP_VALUES, and a divisor of each position's keys (kv heads ×
+# head dim), so that any batch × positions quantizes in whole groups; below KV_MIN_GROUP_VALUES the group's scale and
+# zero (2 bytes each) would cost more than half the int8 codes they describe
 KV_GROUP_VALUES = 64
+KV_MIN_GROUP_VALUES = 8
+
+
+def kv_group_values(config) -> int:
+    """The HQQ group size for `config`'s int8 cache: the largest divisor of KV_GROUP_VALUES that divides each
+    position's keys (KV_GROUP_VALUES where the config does not say its head shape)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kv_heads, head_dim = kv_head_shape(text)
+    return math.gcd(KV_GROUP_VALUES, kv_heads * head_dim) if kv_heads and head_dim else KV_GROUP_VALUES
 
 
 def quantized_cache_support(cls: type, config) -> tuple[bool, str]:
     """Whether transformers' QuantizedCache (hqq backend) can hold the keys and values of a model of `config`:
-    every layer full attention (it keeps no sliding window), and each position's keys a whole number of groups
-    (hqq quantizes a (batch, kv heads, positions, head dim) tensor in groups of KV_GROUP_VALUES values and stops
-    on one whose size does not divide: with kv heads × head dim not a multiple, a batch × positions that does
-    not make up the difference fails)."""
+    every layer full attention (it keeps no sliding window), and each position's keys a whole number of groups of
+    at least KV_MIN_GROUP_VALUES values (hqq quantizes a (batch, kv heads, positions, head dim) tensor in groups
+    and stops on one whose size does not divide)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     others = sorted(set(attention_layer_types(text)) - {"full_attention"})
     if others:
         return False, (f"='dynamic-int8': transformers' QuantizedCache keeps full-attention layers only, and "
                        f"{cls.__name__} has {', '.join(others)} layers: use kv_cache='dynamic'")
-    kv_heads, head_dim = kv_head_shape(text)
-    if kv_heads and head_dim and (kv_heads * head_dim) % KV_GROUP_VALUES:
-        return False, (f"='dynamic-int8': transformers' QuantizedCache quantizes keys in groups of {KV_GROUP_VALUES} "
-                       f"values (hqq), and {cls.__name__} keeps {kv_heads} kv head(s) × head dim {head_dim} = "
-                       f"{kv_heads * head_dim} values per position, not a multiple of {KV_GROUP_VALUES}: prompts of "
-                       f"some lengths would fail; use kv_cache='dynamic'")
+    group = kv_group_values(config)
+    if group < KV_MIN_GROUP_VALUES:
+        kv_heads, head_dim = kv_head_shape(text)
+        return False, (f"='dynamic-int8': transformers' QuantizedCache quantizes keys in groups (hqq) that must divide "
+                       f"each position's keys, and {cls.__name__} keeps {kv_heads} kv head(s) × head dim {head_dim} = "
+                       f"{kv_heads * head_dim} values per position: groups of {group} would hold more scale than "
+                       f"codes; use kv_cache='dynamic'")
     return True, ""
 
 
@@ -105,7 +117,8 @@ def new_cache(model, kind: str, max_len: int):
     if kind == "dynamic-int8":
         # HQQ's 8-bit groups along the channels; transformers keeps its default window of recent positions
         # (residual_length) in full precision and quantizes them all together when it fills
-        return transformers.QuantizedCache(backend="hqq", config=model.config, nbits=8, q_group_size=KV_GROUP_VALUES)
+        return transformers.QuantizedCache(backend="hqq", config=model.config, nbits=8,
+                                           q_group_size=kv_group_values(model.config))
     return transformers.DynamicCache(config=model.config)
 
 
