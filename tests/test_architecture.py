@@ -118,7 +118,8 @@ def test_the_multi_process_runtime_is_a_leaf_and_launch_only_starts_processes():
 LAYERS = (
     ("foundations", ("scalekit.errors", "scalekit.optional", "scalekit.files", "scalekit.cxx", "scalekit.reference",
                      "scalekit.memory_limit", "scalekit.checks", "scalekit.hardware", "scalekit.parallel",
-                     "scalekit.rounds")),
+                     "scalekit.rounds",
+                     "scalekit.cli_fields")),  # flags from any dataclass's fields: it imports nothing of scalekit
     ("measure", ("scalekit.measure", "scalekit.report")),  # timing, memory, FLOPs and MFU, results and their tables
     ("data", ("scalekit.data",)),
     ("models", ("scalekit.models", "scalekit.checkpoint", "scalekit.adapters")),  # and their weights on disk
@@ -135,7 +136,7 @@ LAYERS = (
               "scalekit.side_by_side", "scalekit.ladder", "scalekit.autotune", "scalekit.applicable",
               "scalekit.course", "scalekit.figures", "scalekit.doctor")),
     ("launch", ("scalekit.launch",)),
-    ("interfaces", ("scalekit.cli_fields", "scalekit.cli_parser", "scalekit.cli", "scalekit.widgets")),
+    ("interfaces", ("scalekit.cli_parser", "scalekit.cli", "scalekit.widgets")),
 )
 ROOT = "scalekit"  # the façade: it may import anything
 
