@@ -22,6 +22,7 @@ from .data.loaders import FINETUNE_HELDOUT
 from .measure import flops, memory
 from .measure.attention_backend import AttentionWatch, backends_note
 from .measure.compiled import CompileWatch
+from .measure.interrupts import remembered_ctrl_c
 from .measure.results import RunResult, StepRecord
 from .measure.session import measured_run
 from .measure.summary import summarise_steps
@@ -193,40 +194,15 @@ def heldout_tokens(cfg: RunConfig):
 
 
 def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> None:
-    cfg = ctx.config
     log = StepLog(ctx, result, on_step)
-    total = cfg.warmup_steps + cfg.steps
     watch = CompileWatch() if ctx.compiled else None
     attention = AttentionWatch(enabled=not ctx.compiled)  # which SDPA kernel each measured step's attention ran
     interrupted = False
     if ctx.compiled:
         status("compiling: the first step includes compilation and can take a while")
     try:
-        for i in range(total):
-            if stop is not None and stop.is_set():
-                result.status = "stopped"
-                break
-            if i == cfg.warmup_steps:
-                status(f"measuring {cfg.steps} steps")
-                log.begin_measuring()
-            log.timer.start()
-            batch = next(ctx.batches)
-            log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
-            tokens = training.batch_tokens(ctx, batch)
-            with _watched(watch, attention, i, cfg.warmup_steps):
-                loss = training.train_step(ctx, batch)
-            for hook in ctx.after_step:
-                hook(i)
-            log.timer.stop()
-            log.add(loss, tokens)
-            if ctx.evaluator is not None:  # between steps: outside their times, inside the wall time
-                ctx.evaluator.maybe_run(i, result)
-            warm = i < cfg.warmup_steps
-            if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:
-                if not log.sync(i):
-                    break
-                if warm:
-                    status(f"warm-up step {i + 1}/{cfg.warmup_steps}: {result.steps[-1].step_ms:.0f} ms")
+        with remembered_ctrl_c() as ctrl_c:
+            _steps(ctx, result, log, watch, attention, ctrl_c, stop, status)
     except KeyboardInterrupt:
         if ctx.world_size > 1:
             raise  # every rank is being interrupted: the launcher ends them all
@@ -241,6 +217,39 @@ def _measure(ctx: BuildContext, result: RunResult, on_step, stop, status) -> Non
     if ctx.device.type == "cuda" and log.wall_t0 is not None:
         result.peak_mem_bytes, result.peak_mem_reserved_bytes = memory.cuda_peak(ctx.device)
         result.mem_source = "CUDA allocator: max_memory_allocated over the measured steps"
+
+
+def _steps(ctx: BuildContext, result: RunResult, log: StepLog, watch, attention, ctrl_c, stop, status) -> None:
+    """The warm-up and measured steps; a stop between steps (the Lab's Stop, a time budget, a Ctrl-C whose
+    KeyboardInterrupt a finalizer swallowed) ends them."""
+    cfg = ctx.config
+    total = cfg.warmup_steps + cfg.steps
+    for i in range(total):
+        ctrl_c.raise_if_seen()
+        if stop is not None and stop.is_set():
+            result.status = "stopped"
+            break
+        if i == cfg.warmup_steps:
+            status(f"measuring {cfg.steps} steps")
+            log.begin_measuring()
+        log.timer.start()
+        batch = next(ctx.batches)
+        log.timer.data_ready()  # the wait for data is timed apart; the step's time still includes it
+        tokens = training.batch_tokens(ctx, batch)
+        with _watched(watch, attention, i, cfg.warmup_steps):
+            loss = training.train_step(ctx, batch)
+        for hook in ctx.after_step:
+            hook(i)
+        log.timer.stop()
+        log.add(loss, tokens)
+        if ctx.evaluator is not None:  # between steps: outside their times, inside the wall time
+            ctx.evaluator.maybe_run(i, result)
+        warm = i < cfg.warmup_steps
+        if warm or (i + 1 - cfg.warmup_steps) % cfg.log_every == 0 or i == total - 1:
+            if not log.sync(i):
+                break
+            if warm:
+                status(f"warm-up step {i + 1}/{cfg.warmup_steps}: {result.steps[-1].step_ms:.0f} ms")
 
 
 def _note_stop(result: RunResult, interrupted: bool) -> None:
