@@ -18,7 +18,7 @@ import torch
 
 from scalekit import RunConfig, run
 from scalekit.autotune import autotune
-from scalekit.ladder import ladder
+from scalekit.training.ladder import ladder
 
 STEPS = {"tiny": 30, "small": 12, "medium": 4}
 

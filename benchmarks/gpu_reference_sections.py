@@ -92,7 +92,7 @@ def _junit_rows(path: Path) -> list[dict]:
 def train_ladder(dry_run: bool) -> dict:
     from benchmarks.harness_overhead import bare_tokens_per_s, scalekit_tokens_per_s
     from scalekit import RunConfig
-    from scalekit.ladder import LADDER, ladder
+    from scalekit.training.ladder import LADDER, ladder
 
     device = _device(dry_run)
     preset, steps = ("tiny", 3) if dry_run else ("gpt2-124m", 10)
@@ -148,7 +148,7 @@ def planner(dry_run: bool) -> dict:
 
 # -- 4. fine-tuning ----------------------------------------------------------------------------------------
 def finetune(dry_run: bool) -> dict:
-    from scalekit.finetune import FINETUNE_RUNGS, finetune_config, finetune_ladder
+    from scalekit.training.finetune import FINETUNE_RUNGS, finetune_config, finetune_ladder
 
     device = _device(dry_run)
     base = finetune_config(seq_len=64 if dry_run else 1024, batch_size=4 if dry_run else 16,
@@ -335,7 +335,7 @@ def _against_hf_generate(device: str, dry_run: bool) -> str:
 # -- 5. the data pipeline: the data ladder -------------------------------------------------------------------
 def data(dry_run: bool) -> dict:
     from scalekit import RunConfig
-    from scalekit.ladder import data_ladder
+    from scalekit.training.ladder import data_ladder
 
     device = _device(dry_run)
     # on the GPU the data ladder gives the model tf32, bf16 and sdpa itself (its step must be fast for the data
@@ -491,7 +491,7 @@ def _paired(base, other) -> tuple[dict, str | None]:
 
 def training_kernels(dry_run: bool) -> dict:
     from scalekit import RunConfig, run
-    from scalekit.hardware import detect
+    from scalekit.machine.hardware import detect
     from scalekit.toggles import TOGGLES
 
     device = _device(dry_run)
@@ -538,7 +538,7 @@ PARALLEL_MODES = {"ddp": {"ddp": True}, "zero1": {"zero": "zero1"}, "zero2": {"z
 def parallelism(dry_run: bool) -> dict:
     """Per-rank memory of each mode, planned; measured too where there are GPUs enough (2; 4 for 2-D and 3-D)."""
     from scalekit import RunConfig, estimate
-    from scalekit.hardware import gpu_count_without_cuda_init
+    from scalekit.machine.hardware import gpu_count_without_cuda_init
 
     gpus = 0 if dry_run else gpu_count_without_cuda_init()
     preset, batch = ("tiny", 8) if dry_run else ("gpt2-124m", 8)

@@ -22,8 +22,8 @@ import statistics
 import torch
 
 from scalekit.files import write_atomic
-from scalekit.hardware import detect
 from scalekit.inference import GenerateConfig, generate
+from scalekit.machine.hardware import detect
 
 PROMPT = "ROMEO:"
 CASES = {"no cache": {}, "kv_cache=dynamic": {"kv_cache": "dynamic"}, "kv_cache=static": {"kv_cache": "static"}}

@@ -1,21 +1,21 @@
 """scalekit: switch training and inference optimizations on a live model and measure them honestly."""
 
 from . import launch  # callable: scalekit.launch(fn, *args, nprocs=N); also the package
-from .applicable import applicable
 from .autotune import autotune
-from .batch_finder import find_batch_size
-from .config import RunConfig
-from .engine import run
+from .comparison.applicable import applicable
+from .comparison.compare import compare
 from .errors import ConfigError, ToggleUnavailable
-from .hardware import detect
 from .inference.config import GenerateConfig
 from .inference.engine import generate
 from .inference.results import GenerateResult, compare_generations
-from .measure.results import RunResult
+from .machine.hardware import detect
 from .plan import estimate
-from .side_by_side import compare
 from .toggles import TOGGLES
-from .training import build
+from .training.batch_finder import find_batch_size
+from .training.build import build
+from .training.config import RunConfig
+from .training.engine import run
+from .training.results import RunResult
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 scripts/train_shipped_model.py            # reproduces the shipped files
 
-A character-level GPT trained by scalekit's own loop (scalekit.training.build + train_step) on the "train" split
+A character-level GPT trained by scalekit's own loop (scalekit.training.build.build + train_step) on the "train" split
 of the shipped corpus (its first 90%).  The held-out tail (the "val" split, last 10%) is never trained on:
 it only measures the loss, and the fine-tuning chapter uses it as new data.  A sequence-length curriculum
 keeps the run short on a CPU: the first steps at 256 tokens, then the full 1024 so every position
@@ -35,7 +35,7 @@ from scalekit import RunConfig, build, detect
 from scalekit.data import CharTokenizer, corpus_text, load_tokens
 from scalekit.models import GPT, GPTConfig
 from scalekit.models.pretrained import config_fields, heldout_loss, heldout_loss_by_part, state_dict_sha256
-from scalekit.training import gpt_loss, train_step
+from scalekit.training.build import gpt_loss, train_step
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = GPTConfig(block_size=1024, vocab_size=65, n_layer=4, n_head=4, n_embd=128, attention="sdpa")
@@ -171,7 +171,7 @@ def provenance(args, ctx, log, tokens_seen: int, wall_s: float, val, train_token
                    "train_tokens": len(train_tokens), "val_tokens": len(val),
                    "split": "train = first 90% of the characters, val = the last 10%; only train is trained on"},
         "training": {
-            "loop": "scalekit.training.build + scalekit.training.train_step (toggles: fused_adamw)",
+            "loop": "scalekit.training.build.build + scalekit.training.build.train_step (toggles: fused_adamw)",
             "phases": args.phases, "steps": sum(ph["steps"] for ph in args.phases), "tokens_seen": tokens_seen,
             "batches": "windows at uniformly random offsets in the train split (torch.Generator seeded with seed)",
             "optimizer": optimizer_settings(ctx.optimizer),

@@ -195,7 +195,7 @@ def losses_over_ranks(ctx, steps: int, group) -> list[float]:
     process), as one process with the whole batch would report it."""
     import torch.distributed as dist
 
-    from scalekit.training import train_step
+    from scalekit.training.build import train_step
 
     losses = []
     for _ in range(steps):

@@ -31,7 +31,7 @@ import sys
 import time
 
 # What the chapters and their solutions import before their first section (their first cells), in import order
-PRELOAD = ("torch", "scalekit", "scalekit.course", "plotly.io", "plotly.graph_objects", "pandas", "ipywidgets",
+PRELOAD = ("torch", "scalekit", "scalekit.course.chapter", "plotly.io", "plotly.graph_objects", "pandas", "ipywidgets",
            "ipykernel.kernelapp", "transformers", "transformers.modeling_utils", "torch._inductor.compile_fx")
 # Modules a kernel must import itself: scalekit.launch refuses to fork ranks from a process that has them
 NEVER_PRELOADED = ("bitsandbytes",)

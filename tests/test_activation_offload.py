@@ -9,7 +9,7 @@ import torch
 from scalekit import RunConfig, ToggleUnavailable, run
 from scalekit.toggles import TOGGLES
 from scalekit.toggles.activation_offload import offloaded
-from scalekit.training import train_step
+from scalekit.training.build import train_step
 from tests.helpers import CPU, tiny
 from tests.test_memory_toggles import assert_same_grads, built, grads_of_one_step
 

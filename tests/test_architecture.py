@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import scalekit
-from scalekit import training
 from scalekit.measure import flops
 from scalekit.models.blocks import find_blocks
 from scalekit.toggles import ORDER, PHASES, TOGGLES, BuildContext
+from scalekit.training import build as training
 from tests.helpers import CPU, built, tiny
 
 PACKAGE = Path(scalekit.__file__).parent
@@ -94,7 +94,7 @@ def test_the_import_graph_finder_sees_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     graph = import_graph()
     assert "scalekit.toggles.base" in graph["scalekit.toggles.fsdp"]  # relative imports resolved
-    assert "scalekit.distributed" in graph["scalekit.engine"]
+    assert "scalekit.distributed.runtime" in graph["scalekit.training.engine"]
 
 
 def test_no_import_cycles_inside_scalekit():
@@ -105,8 +105,8 @@ def test_no_import_cycles_inside_scalekit():
 
 def test_the_multi_process_runtime_is_a_leaf_and_launch_only_starts_processes():
     graph = import_graph()
-    assert not any(m.startswith(("scalekit.toggles", "scalekit.launch", "scalekit.engine"))
-                   for m in graph["scalekit.distributed"])
+    assert not any(m.startswith(("scalekit.toggles", "scalekit.launch", "scalekit.training.engine"))
+                   for m in graph["scalekit.distributed.runtime"])
     for name, deps in graph.items():
         if name.startswith("scalekit.toggles"):
             assert not any(d.startswith("scalekit.launch") for d in deps), name
@@ -114,29 +114,32 @@ def test_the_multi_process_runtime_is_a_leaf_and_launch_only_starts_processes():
 
 # Imports only run down.  LAYERS orders every module of the package, lowest first: a module may import its own
 # layer and the layers below it, never one above (the longest prefix places a module; the package root,
-# scalekit/__init__, is the façade over everything).
+# scalekit/__init__, is the façade over everything).  The packages group modules by job; a job's leaf modules may
+# sit lower than its package (cli.fields, comparison.repeats), and one module above it (machine.doctor).
 LAYERS = (
-    ("foundations", ("scalekit.errors", "scalekit.optional", "scalekit.files", "scalekit.cxx", "scalekit.reference",
-                     "scalekit.memory_limit", "scalekit.checks", "scalekit.hardware", "scalekit.parallel",
-                     "scalekit.rounds",
-                     "scalekit.cli_fields")),  # flags from any dataclass's fields: it imports nothing of scalekit
-    ("measure", ("scalekit.measure", "scalekit.report")),  # timing, memory, FLOPs and MFU, results and their tables
+    # the modules loose at the top, and the leaves of other jobs: each imports nothing of scalekit above these
+    ("foundations", ("scalekit.errors", "scalekit.optional", "scalekit.files", "scalekit.checks",
+                     "scalekit.course.published_figures", "scalekit.comparison.repeats",
+                     "scalekit.cli.fields")),  # flags from any dataclass's fields
+    ("machine", ("scalekit.machine", "scalekit.distributed.sharding")),  # facts of this machine; meshes, FSDP2 options
+    ("measure", ("scalekit.measure", "scalekit.training.results",
+                 "scalekit.training.report")),  # timing, memory, FLOPs and MFU, results and their tables
     ("data", ("scalekit.data",)),
-    ("models", ("scalekit.models", "scalekit.checkpoint", "scalekit.adapters")),  # and their weights on disk
+    ("models", ("scalekit.models",)),  # and their weights and LoRA adapters on disk
     ("runtime", ("scalekit.distributed",)),  # the multi-process runtime the toggles and the engine join
     ("toggles", ("scalekit.toggles",)),
     ("hf", ("scalekit.hf",)),  # the Transformers bridge: the family, the Trainer's arguments and callback
-    ("families", ("scalekit.families",)),
-    ("config", ("scalekit.config",)),
+    ("families", ("scalekit.hf.family_of",)),  # which family a model gets: yours, Hugging Face's, or a plain module's
+    ("config", ("scalekit.training.config",)),
     ("generation", ("scalekit.inference",)),
-    ("training", ("scalekit.training", "scalekit.evaluation")),
+    ("training", ("scalekit.training.build", "scalekit.training.evaluation")),
     ("plan", ("scalekit.plan",)),
-    ("engine", ("scalekit.engine",)),
-    ("runs", ("scalekit.finetune", "scalekit.batch_finder", "scalekit.profiling", "scalekit.qat_quality",
-              "scalekit.side_by_side", "scalekit.ladder", "scalekit.autotune", "scalekit.applicable",
-              "scalekit.course", "scalekit.figures", "scalekit.doctor")),
+    ("engine", ("scalekit.training.engine",)),
+    # what is built on runs: training's studies and ladder, comparison, the search, the course, the doctor
+    ("runs", ("scalekit.training", "scalekit.comparison", "scalekit.autotune", "scalekit.course",
+              "scalekit.machine.doctor")),
     ("launch", ("scalekit.launch",)),
-    ("interfaces", ("scalekit.cli_parser", "scalekit.cli", "scalekit.widgets")),
+    ("interfaces", ("scalekit.cli", "scalekit.widgets")),
 )
 ROOT = "scalekit"  # the façade: it may import anything
 
@@ -150,27 +153,33 @@ def layer_of(name: str) -> int | None:
 
 # Sideways (same or lower layer, and still wrong) or spelled out for the seams that matter most: each rule names a
 # part of the package and what it must never import.
-LOOP = ("scalekit.engine", "scalekit.training", "scalekit.evaluation", "scalekit.inference.engine")  # run loops
-ABOVE_TRAINING = ("scalekit.engine", "scalekit.plan", "scalekit.finetune", "scalekit.batch_finder",
-                  "scalekit.autotune", "scalekit.ladder", "scalekit.launch", "scalekit.cli", "scalekit.cli_fields",
-                  "scalekit.cli_parser", "scalekit.widgets")
+LOOP = ("scalekit.training.engine", "scalekit.training.build", "scalekit.training.evaluation",  # run loops
+        "scalekit.inference.engine", "scalekit.inference.loop")
+ABOVE_TRAINING = ("scalekit.training.engine", "scalekit.plan", "scalekit.training.finetune",
+                  "scalekit.training.batch_finder", "scalekit.autotune", "scalekit.training.ladder", "scalekit.launch",
+                  "scalekit.cli", "scalekit.widgets", "scalekit.comparison.compare", "scalekit.course")
 NEVER = (
-    ("scalekit.models", ("scalekit.hf", "scalekit.toggles", "scalekit.inference", "scalekit.engine",
-                         "scalekit.training", "scalekit.widgets")),
-    ("scalekit.data", ("scalekit.toggles", "scalekit.models", "scalekit.inference", "scalekit.engine",
+    ("scalekit.models", ("scalekit.hf", "scalekit.toggles", "scalekit.inference", "scalekit.training.engine",
+                         "scalekit.training.build", "scalekit.widgets")),
+    ("scalekit.data", ("scalekit.toggles", "scalekit.models", "scalekit.inference", "scalekit.training.engine",
                        "scalekit.widgets")),
     ("scalekit.toggles", (*LOOP, "scalekit.inference", "scalekit.plan", "scalekit.autotune", "scalekit.hf",
-                          "scalekit.families", "scalekit.config", "scalekit.widgets", "scalekit.launch")),
-    ("scalekit.measure", ("scalekit.toggles", "scalekit.engine", "scalekit.training", "scalekit.inference",
+                          "scalekit.hf.family_of", "scalekit.training.config", "scalekit.widgets", "scalekit.launch")),
+    ("scalekit.measure", ("scalekit.toggles", "scalekit.training.engine", "scalekit.training.build", "scalekit.inference",
                           "scalekit.widgets")),
     ("scalekit.errors", ("scalekit",)),
-    ("scalekit.checks", ("scalekit.toggles", "scalekit.config", "scalekit.models")),
+    ("scalekit.checks", ("scalekit.toggles", "scalekit.training.config", "scalekit.models")),
     # the Transformers bridge sits under the families and the config that import it, so it reaches no run
-    ("scalekit.hf", (*LOOP, "scalekit.families", "scalekit.config", "scalekit.inference", *ABOVE_TRAINING)),
-    # generation never imports training's code (training's evaluator imports generation's decode loop)
-    ("scalekit.inference", ("scalekit.training", "scalekit.evaluation", *ABOVE_TRAINING)),
-    ("scalekit.training", ABOVE_TRAINING),
-    ("scalekit.evaluation", ABOVE_TRAINING),
+    ("scalekit.hf", (*LOOP, "scalekit.hf.family_of", "scalekit.training.config", "scalekit.inference", *ABOVE_TRAINING)),
+    # generation never imports training's code, only its config (a ladder may start from a RunConfig); training's
+    # evaluator imports generation's decode loop
+    ("scalekit.inference", ("scalekit.training.build", "scalekit.training.evaluation", "scalekit.training.results",
+                            "scalekit.training.report", *ABOVE_TRAINING)),
+    # training, whole: it is run by the launcher, the command line and the Lab, never the other way round
+    ("scalekit.training", ("scalekit.launch", "scalekit.cli", "scalekit.widgets", "scalekit.autotune",
+                           "scalekit.comparison.compare", "scalekit.comparison.applicable")),
+    ("scalekit.training.build", ABOVE_TRAINING),
+    ("scalekit.training.evaluation", ABOVE_TRAINING),
 )
 TOGGLE_HELPERS = ("scalekit.toggles.base", "scalekit.toggles.counted")  # what toggles may share
 
@@ -209,7 +218,10 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"place these in LAYERS (tests/test_architecture.py): {unplaced}"
     assert layer_of("scalekit.not_a_module") is None
     assert LAYERS[layer_of("scalekit.inference.engine")][0] == "generation"
-    assert LAYERS[layer_of("scalekit.cli_parser")][0] == "interfaces"  # a whole name: not under scalekit.cli
+    assert LAYERS[layer_of("scalekit.cli.parser")][0] == "interfaces"
+    assert LAYERS[layer_of("scalekit.cli.fields")][0] == "foundations"  # the longest prefix places a module
+    assert LAYERS[layer_of("scalekit.training.results")][0] == "measure"
+    assert LAYERS[layer_of("scalekit.training.finetune")][0] == "runs"  # the package's own layer
 
 
 def test_imports_only_run_down():
@@ -223,24 +235,28 @@ def test_the_import_rules_catch_what_they_forbid():
          "scalekit.models.family imports scalekit.hf.model"]
     assert upward_imports({"scalekit.toggles.dora": {"scalekit.toggles.lora", "scalekit.toggles.base"}}) == \
         ["scalekit.toggles.dora imports the toggle scalekit.toggles.lora"]
-    assert upward_imports({"scalekit.engine": {"scalekit.widgets.lab"}}) == \
-        ["scalekit.engine (engine) imports scalekit.widgets.lab (interfaces), a layer above",
-         "scalekit.engine imports scalekit.widgets.lab (nothing below the widgets imports them)"]
+    assert upward_imports({"scalekit.training.engine": {"scalekit.widgets.lab"}}) == \
+        ["scalekit.training.engine (engine) imports scalekit.widgets.lab (interfaces), a layer above",
+         "scalekit.training.engine imports scalekit.widgets.lab",  # training's own rule
+         "scalekit.training.engine imports scalekit.widgets.lab (nothing below the widgets imports them)"]
+    # a training study (the runs layer, as autotune is) that imports the search breaks training's rule
+    assert upward_imports({"scalekit.training.finetune": {"scalekit.autotune.search"}}) == \
+        ["scalekit.training.finetune imports scalekit.autotune.search"]
     assert upward_imports({"scalekit.toggles.quantize": {"scalekit.inference.engine"}}) == \
         ["scalekit.toggles.quantize (toggles) imports scalekit.inference.engine (generation), a layer above",
          "scalekit.toggles.quantize imports scalekit.inference.engine"]
     # a toggle imports no run loop: not the engine, training (its build, its evaluator), nor generation's engine
-    assert upward_imports({"scalekit.toggles.grad_accum": {"scalekit.training"}}) == \
-        ["scalekit.toggles.grad_accum (toggles) imports scalekit.training (training), a layer above",
-         "scalekit.toggles.grad_accum imports scalekit.training"]
+    assert upward_imports({"scalekit.toggles.grad_accum": {"scalekit.training.build"}}) == \
+        ["scalekit.toggles.grad_accum (toggles) imports scalekit.training.build (training), a layer above",
+         "scalekit.toggles.grad_accum imports scalekit.training.build"]
     # the import that closed the loop hf → training → families → hf: both the layer order and hf's rule see it
-    assert upward_imports({"scalekit.hf.callback": {"scalekit.training", "scalekit.measure.flops"}}) == \
-        ["scalekit.hf.callback (hf) imports scalekit.training (training), a layer above",
-         "scalekit.hf.callback imports scalekit.training"]
+    assert upward_imports({"scalekit.hf.callback": {"scalekit.training.build", "scalekit.measure.flops"}}) == \
+        ["scalekit.hf.callback (hf) imports scalekit.training.build (training), a layer above",
+         "scalekit.hf.callback imports scalekit.training.build"]
     # generation importing training's evaluator: the layer order and generation's own rule
-    assert upward_imports({"scalekit.inference.loop": {"scalekit.evaluation"}}) == \
-        ["scalekit.inference.loop (generation) imports scalekit.evaluation (training), a layer above",
-         "scalekit.inference.loop imports scalekit.evaluation"]
+    assert upward_imports({"scalekit.inference.loop": {"scalekit.training.evaluation"}}) == \
+        ["scalekit.inference.loop (generation) imports scalekit.training.evaluation (training), a layer above",
+         "scalekit.inference.loop imports scalekit.training.evaluation"]
     # a sideways import the layer order allows and a rule forbids (errors imports nothing of scalekit)
     assert upward_imports({"scalekit.errors": {"scalekit.files"}}) == ["scalekit.errors imports scalekit.files"]
     assert upward_imports({"scalekit.measure.flops": {"scalekit.errors"}, "scalekit": {"scalekit.widgets"}}) == []
@@ -293,8 +309,9 @@ def test_build_context_refuses_an_undeclared_field():
             ctx.not_a_field = 1
 
 
-@pytest.mark.parametrize("path", sorted([*(PACKAGE / "toggles").glob("*.py"), PACKAGE / "engine.py",
-                                         PACKAGE / "training.py", PACKAGE / "evaluation.py", PACKAGE / "distributed.py"]),
+@pytest.mark.parametrize("path", sorted([*(PACKAGE / "toggles").glob("*.py"), PACKAGE / "training" / "engine.py",
+                                         PACKAGE / "training" / "build.py", PACKAGE / "training" / "evaluation.py",
+                                         PACKAGE / "distributed" / "runtime.py"]),
                          ids=lambda p: p.name)
 def test_every_context_attribute_the_engine_and_toggles_use_is_declared(path):
     used = attribute_uses(path)
@@ -340,7 +357,8 @@ def test_toggles_and_the_engine_never_test_toggle_names():
         if path.name == "__init__.py":
             continue  # the order, the exclusive and required pairs are written there, by name
         assert not name_tests(path, {path.stem}), f"{path.name} tests another toggle's name"
-    for path in (PACKAGE / "engine.py", PACKAGE / "training.py", PACKAGE / "evaluation.py", PACKAGE / "distributed.py"):
+    for path in (PACKAGE / "training" / "engine.py", PACKAGE / "training" / "build.py",
+                 PACKAGE / "training" / "evaluation.py", PACKAGE / "distributed" / "runtime.py"):
         assert not name_tests(path, set()), f"{path.name} tests a toggle's name: {name_tests(path, set())}"
 
 
@@ -456,3 +474,9 @@ def test_a_toggle_shows_the_code_it_runs():
     assert "def checkpoint_every" in code and "use_reentrant=False" in code  # helpers it calls, too
     for t in ORDER:
         assert "def apply(self, ctx" in t.code(), t.name
+
+
+def test_the_modules_loose_at_the_top_are_few_and_are_foundations():
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) < 12, f"group these into packages by job: {loose}"
+    assert all(LAYERS[layer_of(f"scalekit.{name}")][0] == "foundations" for name in loose), loose

@@ -575,7 +575,7 @@ class ScriptedGeneration:
 
     def __call__(self, cfg, stop=None, hw=None, catch_errors=False):
         from scalekit.inference.results import GenerateResult
-        from scalekit.measure.results import Spread
+        from scalekit.training.results import Spread
 
         self.calls.append(dict(cfg.toggles))
         tps = 100.0

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from scalekit import checkpoint
 from scalekit.models import GPT, PRESETS
+from scalekit.models import weight_files as checkpoint
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scalekit.cli import main
+from scalekit.cli.main import main
 
 
 def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_the_program_exits_with_mains_code_and_still_runs_what_an_exit_must(tmp_
     script = f"""
 import atexit, gc, sys, tempfile, weakref
 from pathlib import Path
-from scalekit.cli import program
+from scalekit.cli.main import program
 
 folder = tempfile.TemporaryDirectory(dir={str(tmp_path)!r})  # removed by its weakref finalizer at exit
 atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
@@ -63,7 +63,7 @@ def test_bad_input_exits_2_with_a_message_not_a_traceback(argv, words, capsys):
 
 
 def test_the_parser_is_built_once_per_set_of_toggles_and_keeps_nothing_between_parses():
-    from scalekit.cli_parser import parser
+    from scalekit.cli.parser import parser
     from scalekit.toggles import Toggle, register, unregister
 
     first = parser()
@@ -99,7 +99,7 @@ def _toggles_help(p) -> str:
 @pytest.mark.slow
 def test_ladder_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "ladder.json"
-    proc = subprocess.run([sys.executable, "-m", "scalekit.cli", "ladder", "--steps", "4", "--warmup-steps", "1",
+    proc = subprocess.run([sys.executable, "-m", "scalekit.cli.main", "ladder", "--steps", "4", "--warmup-steps", "1",
                            "--device", "cpu", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())

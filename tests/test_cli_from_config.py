@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scalekit import cli
-from scalekit.cli_fields import (
+from scalekit.cli import main as cli
+from scalekit.cli.fields import (
     DECLARED_IN_CLI,
     FLAG_ALIASES,
     NO_COUNTERPART,
@@ -21,11 +21,11 @@ from scalekit.cli_fields import (
     field_docs,
     flags_of,
 )
-from scalekit.cli_parser import _parser, parser
-from scalekit.config import PRESET_NAMES, RunConfig
+from scalekit.cli.parser import _parser, parser
 from scalekit.inference.config import GenerateConfig
-from scalekit.ladder import LADDERS
 from scalekit.toggles import TOGGLES
+from scalekit.training.config import PRESET_NAMES, RunConfig
+from scalekit.training.ladder import LADDERS
 
 CONFIGS = (RunConfig, GenerateConfig)
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_a_documented_command_still_parses_and_builds_its_config(line):
 
 
 def test_an_error_names_the_flag_of_each_field_it_names():
-    from scalekit.cli_parser import flag_names
+    from scalekit.cli.parser import flag_names
 
     assert flag_names("RunConfig.warmup_steps must be ...").endswith("(flag: --warmup-steps)")
     assert flag_names("RunConfig.check_memory and RunConfig.model").endswith("(flag: --no-memory-check, --hf-model)")

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from scalekit.cli import main
+from scalekit.cli.main import main
 from tests.helpers import library_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def scalekit_env(**extra) -> dict:
-    """The environment for a `python -m scalekit.cli` child: this checkout first on the path."""
+    """The environment for a `python -m scalekit.cli.main` child: this checkout first on the path."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", **extra)
 
@@ -91,7 +91,7 @@ def test_one_toggles_page_says_whether_it_runs_here(capsys):
                                   ["plan", "--preset", "tiny", "--device", "cpu"]],
                          ids=["toggles", "toggles NAME", "export", "plan"])
 def test_a_closed_pipe_ends_the_command_quietly(argv):
-    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli.main", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=scalekit_env(), cwd=REPO)
     proc.stdout.close()  # as `| head -3` does once it has its lines: every write now meets a closed pipe
     err = proc.stderr.read().decode()
@@ -103,7 +103,7 @@ def test_a_closed_pipe_ends_the_command_quietly(argv):
 @pytest.mark.slow
 def test_a_closed_pipe_after_a_bench_keeps_the_json_and_prints_no_traceback(tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli", "bench", "--preset", "tiny", "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli.main", "bench", "--preset", "tiny", "--device", "cpu",
                              "--steps", "2", "--warmup-steps", "0", "--json", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=scalekit_env(), cwd=REPO)
     proc.stdout.close()
@@ -113,7 +113,7 @@ def test_a_closed_pipe_after_a_bench_keeps_the_json_and_prints_no_traceback(tmp_
 
 
 def test_a_closed_stderr_does_not_end_a_run(monkeypatch, capsys):
-    import scalekit.cli as cli
+    import scalekit.cli.main as cli
 
     def broken(*args, **kwargs):
         raise BrokenPipeError(32, "Broken pipe")
@@ -133,16 +133,16 @@ def frame_inside(module: str):
 
 @pytest.mark.parametrize("module", ["torch._dynamo.convert_frame", "torch._inductor.compile_fx"])
 def test_ctrl_c_during_a_compile_says_at_once_that_the_stop_waits_for_it(module):
-    from scalekit.cli import stop_message
+    from scalekit.cli.main import stop_message
 
     words = stop_message(frame_inside(module))
     assert "torch.compile" in words and "finishes compiling" in words and "Ctrl-C again" in words
 
 
 def test_ctrl_c_between_compiled_steps_says_it_stops_after_the_step():
-    from scalekit.cli import stop_message
+    from scalekit.cli.main import stop_message
 
-    for module in ("torch._inductor.output_code", "torch._dynamo.eval_frame", "scalekit.engine"):  # a compiled step
+    for module in ("torch._inductor.output_code", "torch._dynamo.eval_frame", "scalekit.training.engine"):  # a compiled step
         assert stop_message(frame_inside(module)).startswith("stopping after this step"), module
 
 
@@ -184,7 +184,7 @@ def test_ctrl_c_during_a_compile_is_said_at_once_and_stops_soon_after_it(argv, m
         os.kill(os.getpid(), signal.SIGINT)
         said["at"] = time.monotonic()
 
-    import scalekit.cli as cli
+    import scalekit.cli.main as cli
 
     heard = []
     progress = cli._progress
@@ -205,7 +205,7 @@ def test_ctrl_c_during_a_compile_is_said_at_once_and_stops_soon_after_it(argv, m
 def own_words_only(argv: list[str], timeout_s: float = 240) -> str:
     """Run `scalekit ARGV` in a fresh process; every line on stderr is scalekit's (progress, notes), and the
     output holds none of the lines libraries print; returns stdout + stderr."""
-    proc = subprocess.run([sys.executable, "-m", "scalekit.cli", *argv], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "scalekit.cli.main", *argv], capture_output=True, text=True,
                           timeout=timeout_s, env=scalekit_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     foreign = library_lines(proc.stdout, proc.stderr)

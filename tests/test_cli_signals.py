@@ -20,7 +20,7 @@ TINY = ["--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--log-eve
 def signalled(argv: list[str], when: str, signum: int, within_s: float = 120) -> tuple[int, str, str]:
     """`scalekit ARGV` sent `signum` once a line holding `when` is on its standard error: (exit code, stdout,
     stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli.main", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=scalekit_env(), cwd=REPO, start_new_session=True)
     seen = []
     try:
@@ -101,7 +101,7 @@ class StopAfter:
 @pytest.mark.parametrize("unset_answers", [1, 2], ids=["before-the-first-step", "after-the-warm-up"])
 def test_a_row_stopped_before_its_first_measured_step_says_so(unset_answers):
     from scalekit import RunConfig, run
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
 
     result = run(RunConfig(preset="tiny", device="cpu", steps=3, warmup_steps=1, measure_memory=False),
                  stop=StopAfter(unset_answers))

@@ -92,7 +92,7 @@ def test_regional_compile_captures_the_blocks_in_training_and_matches_eager(kind
 
 def test_a_compile_that_captures_nothing_is_flagged_not_an_ordinary_ok_row(monkeypatch):
     """A model dynamo gives up on runs eagerly: the row says so in its flags, its note and the text table."""
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
 
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: None)  # compiles nothing, as if dynamo gave up
     result = run(config("plain", {"compile": "regional"}))

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, detect, run
-from scalekit.config import PRESET_NAMES
 from scalekit.toggles import TOGGLES
+from scalekit.training.config import PRESET_NAMES
 from tests.helpers import Regressor, mse_loss, regression_batch
 
 

@@ -21,14 +21,16 @@ from hypothesis import strategies as st
 
 import scalekit
 from scalekit import ConfigError, RunConfig
-from scalekit.cli import main, parser
-from scalekit.engine import run as run_training  # the real ones, whatever stubbed_work does to the modules
+from scalekit.cli.main import main, parser
 from scalekit.inference import GenerateConfig
 from scalekit.inference.engine import generate as run_generation
 from scalekit.inference.results import GenerateResult
-from scalekit.measure.results import RunResult
 from scalekit.measure.timing import Spread
 from scalekit.toggles import TOGGLES
+from scalekit.training.engine import (
+    run as run_training,  # the real ones, whatever stubbed_work does to the modules
+)
+from scalekit.training.results import RunResult
 from tests.families import PlainLM, lm_loss, token_pairs
 from tests.helpers import CPU
 
@@ -293,8 +295,8 @@ def stubbed_work(tmp_path_factory):
     a folder of its own, where the --json files the fuzz names are written."""
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cli-fuzz"))
-    targets = [("scalekit.engine", "run", stub_result), ("scalekit.ladder", "run", stub_result),
-               ("scalekit.finetune", "run", stub_result), ("scalekit.autotune", "autotune", stub_autotune),
+    targets = [("scalekit.training.engine", "run", stub_result), ("scalekit.training.ladder", "run", stub_result),
+               ("scalekit.training.finetune", "run", stub_result), ("scalekit.autotune", "autotune", stub_autotune),
                ("scalekit.inference", "generate", stub_generation),
                ("scalekit.inference.ladder", "generate", stub_generation),
                ("scalekit.launch", "launch_run", lambda cfg, **kw: stub_result(cfg)),

@@ -4,7 +4,8 @@ import warnings
 
 import pytest
 
-from scalekit import RunConfig, course, run
+from scalekit import RunConfig, run
+from scalekit.course import chapter as course
 from scalekit.measure.stats import BUSY_VERDICT
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch._inductor.config as inductor_config
 from torch._inductor import cpp_builder
 
-from scalekit import cxx
+from scalekit.machine import cxx
 from scalekit.toggles import TOGGLES
 from tests.helpers import CPU
 

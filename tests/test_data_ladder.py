@@ -8,9 +8,9 @@ import json
 import pytest
 
 from scalekit import RunConfig, run
-from scalekit.cli import main
-from scalekit.ladder import LADDERS, TABLE_THROUGHPUT, data_ladder, data_rungs
-from scalekit.report import results_table
+from scalekit.cli.main import main
+from scalekit.training.ladder import LADDERS, TABLE_THROUGHPUT, data_ladder, data_rungs
+from scalekit.training.report import results_table
 from tests.helpers import CPU
 
 QUICK = dict(preset="tiny", device="cpu", steps=5, warmup_steps=1, log_every=2, measure_memory=False)

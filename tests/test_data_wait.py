@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from scalekit import RunConfig, run
 from scalekit.measure import timing
-from scalekit.report import results_table
+from scalekit.training.report import results_table
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 
 SLEEP_MS = 30
@@ -116,7 +116,7 @@ def test_the_cuda_timer_marks_the_data_wait_with_an_event_and_waits_only_when_co
 def test_the_measured_loop_waits_for_the_device_only_at_its_loss_reads(monkeypatch):
     # the engine's loop, run with the CUDA timer on fake events: it may wait only where it reads the loss
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr("scalekit.engine.step_timer", lambda device: timing.CUDAStepTimer(device))
+    monkeypatch.setattr("scalekit.training.engine.step_timer", lambda device: timing.CUDAStepTimer(device))
     FakeEvent.calls = []
     result = run(tiny(steps=6, warmup_steps=1, log_every=2, measure_memory=False))
     assert result.status == "ok"

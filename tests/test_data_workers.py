@@ -131,7 +131,7 @@ def test_workers_end_when_the_run_succeeds():
 
 
 def test_workers_end_when_a_step_fails(monkeypatch):
-    import scalekit.training as training
+    import scalekit.training.build as training
 
     step = training.train_step
     calls = {"n": 0}
@@ -227,7 +227,7 @@ def test_ctrl_c_in_a_notebook_stops_the_run_keeps_its_steps_and_ends_the_workers
 def test_ctrl_c_in_a_terminal_stops_a_data_bound_run_cleanly_and_ends_the_workers():
     # `scalekit bench` finishes the step it is in when Ctrl-C reaches its process group; the run waits for
     # data, so that step needs a batch a worker is making: a worker killed by the same Ctrl-C would fail it
-    cmd = [sys.executable, "-m", "scalekit.cli", "bench", "--preset", "tiny", "--device", "cpu", "--data",
+    cmd = [sys.executable, "-m", "scalekit.cli.main", "bench", "--preset", "tiny", "--device", "cpu", "--data",
            "shakespeare-raw", "--transform-rounds", "400", "--steps", "100000", "--warmup-steps", "1",
            "--log-every", "1", "--toggle", "dataloader_num_workers=2"]
     proc = started(cmd)
@@ -279,8 +279,8 @@ def test_workers_of_a_killed_run_exit_by_themselves():
 FORK_AFTER_THREADS = textwrap.dedent("""
     import itertools, torch
     from scalekit import RunConfig
-    from scalekit.hardware import detect
-    from scalekit.training import build
+    from scalekit.machine.hardware import detect
+    from scalekit.training.build import build
     import contextlib
     torch.set_num_threads(2)
     a = torch.randn(1024, 1024)

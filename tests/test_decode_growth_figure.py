@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from scalekit.figures import decode_growth_figure  # noqa: E402
+from scalekit.course.figures import decode_growth_figure  # noqa: E402
 
 
 def test_cumulative_time_and_kv_bytes_per_generation():

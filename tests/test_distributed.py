@@ -12,12 +12,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import scalekit
-from scalekit import distributed
-from scalekit.distributed import DistributedRunResult
+from scalekit.distributed import runtime as distributed
+from scalekit.distributed.runtime import DistributedRunResult
 from scalekit.launch import launch, launch_run
-from scalekit.measure.results import RunResult, StepRecord
 from scalekit.toggles import needs_process_group
-from scalekit.training import build, train_step
+from scalekit.training.build import build, train_step
+from scalekit.training.results import RunResult, StepRecord
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

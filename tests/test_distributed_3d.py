@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 import scalekit
+from scalekit.distributed.sharding import mesh_shape
 from scalekit.errors import ConfigError
 from scalekit.launch import launch
-from scalekit.parallel import mesh_shape
 from scalekit.plan import estimate
 from scalekit.toggles import mesh_dims
 from tests.test_distributed_parallel import BATCH, CPU, close, ladder_run, train, train_and_peak

@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 
 import scalekit
-from scalekit import RunConfig, distributed
-from scalekit.engine import run
+from scalekit import RunConfig
+from scalekit.distributed import runtime as distributed
 from scalekit.hf import causal_lm
 from scalekit.launch import launch
 from scalekit.toggles.deepspeed import ds_config
-from scalekit.training import build
+from scalekit.training.build import build
+from scalekit.training.engine import run
 from tests.families import PlainLM, hf_model, lm_loss, token_pairs
 from tests.helpers import losses_over_ranks, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here

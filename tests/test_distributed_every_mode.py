@@ -31,7 +31,7 @@ def cell_outcome(kind: str, name: str, value) -> tuple[str, str]:
     """("ok", "") when the step ran, ("refused", message) for a ConfigError, ("crashed", type: message) else;
     ("no mesh", message) when the ranks cannot form the toggle's mesh, whatever the model (checked before a run)."""
     from scalekit import ConfigError
-    from scalekit.engine import run
+    from scalekit.training.engine import run
 
     fields, _, _ = MODEL_KINDS[kind]
     try:

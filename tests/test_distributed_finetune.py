@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 import scalekit
-from scalekit import RunConfig, distributed
+from scalekit import RunConfig
+from scalekit.distributed import runtime as distributed
 from scalekit.launch import launch
 from scalekit.toggles import needs_process_group
-from scalekit.training import build
+from scalekit.training.build import build
 from tests.helpers import losses_over_ranks
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

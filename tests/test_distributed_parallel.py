@@ -15,15 +15,15 @@ import torch
 import torch.distributed as dist
 
 import scalekit
-from scalekit import distributed
+from scalekit.distributed import runtime as distributed
+from scalekit.distributed.sharding import mesh_shape
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch
 from scalekit.models.tensor_parallel import full_parameters
-from scalekit.parallel import mesh_shape
 from scalekit.plan import estimate
 from scalekit.toggles import needs_process_group
 from scalekit.toggles.tensor_parallel import parse
-from scalekit.training import build, probe_step_memory, step_tracker, train_step
+from scalekit.training.build import build, probe_step_memory, step_tracker, train_step
 from tests.helpers import Regressor, tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 

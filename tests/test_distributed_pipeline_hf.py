@@ -17,7 +17,7 @@ import torch.distributed as dist
 import scalekit
 from scalekit.errors import ConfigError, ToggleUnavailable
 from scalekit.launch import LaunchError, launch
-from scalekit.training import build, train_step
+from scalekit.training.build import build, train_step
 from tests.test_distributed_parallel import BATCH, CPU, close, one_step_peak, train, train_and_peak
 from tests.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
@@ -190,7 +190,7 @@ def test_two_pipelines_side_by_side_sharded_by_fsdp_train_like_one_process(one_p
 
 
 def test_a_pipeline_mesh_that_does_not_fit_the_ranks_is_refused_naming_the_numbers():
-    from scalekit.parallel import mesh_shape
+    from scalekit.distributed.sharding import mesh_shape
     from scalekit.plan import estimate
     from scalekit.toggles import normalise
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from scalekit import ConfigError, RunConfig, run
-from scalekit.evaluation import Evaluator, heldout_batches
+from scalekit.training.evaluation import Evaluator, heldout_batches
 from tests.helpers import CPU, Regressor, built, mse_loss, regression_batch, tiny
 
 

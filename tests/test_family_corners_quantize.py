@@ -263,7 +263,7 @@ def test_qat_on_a_model_without_linear_layers_is_refused_before_the_run():
 
 
 def test_a_model_with_linear_layers_is_not_refused():
-    from scalekit.families import toggle_family
+    from scalekit.hf.family_of import toggle_family
     from scalekit.toggles import TOGGLES
 
     for source in (SubclassLM, SubclassLM(), "tiny"):

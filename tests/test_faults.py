@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scalekit
-from scalekit import ConfigError, RunConfig, checkpoint, run
-from scalekit.cli import main
+from scalekit import ConfigError, RunConfig, run
+from scalekit.cli.main import main
 from scalekit.data import shakespeare
 from scalekit.data.loaders import FullBatches, TokenWindows
 from scalekit.errors import plain_error
 from scalekit.files import write_atomic
+from scalekit.models import weight_files as checkpoint
 from tests.helpers import CPU, Regressor, mse_loss, regression_batch, tiny
 
 QUICK = dict(measure_memory=False, log_every=2)
@@ -103,17 +104,17 @@ def test_a_non_finite_loss_ends_the_run_as_diverged_at_its_step_keeping_the_meas
     assert not result.ok and result.finished
     table = scalekit.compare([result])
     assert table.loc[0, "status"] == "diverged" and "step 6" in table.loc[0, "note"]
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
 
     assert "DIVERGED (not ok)" in results_table([result])
 
 
 def test_the_cli_exits_1_and_shows_the_diverged_run(monkeypatch, capsys):
-    import scalekit.engine
+    import scalekit.training.engine
 
-    real = scalekit.engine.run
+    real = scalekit.training.engine.run
     # the command line has no --lr: lr=1.0 under fp16 makes the tiny model's loss blow up within a few steps
-    monkeypatch.setattr(scalekit.engine, "run", lambda cfg, **kw: real(dataclasses.replace(cfg, lr=1.0), **kw))
+    monkeypatch.setattr(scalekit.training.engine, "run", lambda cfg, **kw: real(dataclasses.replace(cfg, lr=1.0), **kw))
     code = main(["bench", "--preset", "tiny", "--device", "cpu", "--toggle", "fp16", "--steps", "60",
                  "--warmup-steps", "0"])
     out = capsys.readouterr().out
@@ -395,10 +396,10 @@ def test_fuzzed_cli_arguments_end_in_a_result_or_one_line(command, flags, monkey
 @pytest.fixture(scope="module")
 def monkeypatch_session_run():
     """bench and ladder under fuzzing validate and plan for real, but do not train: their run is a stub."""
-    import scalekit.engine
-    import scalekit.ladder
+    import scalekit.training.engine
+    import scalekit.training.ladder
 
-    real = scalekit.engine.run
+    real = scalekit.training.engine.run
 
     def stub(cfg, on_step=None, on_status=None, stop=None, hw=None, catch_errors=False):
         hw = hw or scalekit.detect(cfg.device)
@@ -407,9 +408,9 @@ def monkeypatch_session_run():
         scalekit.plan.check_fits(resolved, hw)
         return scalekit.RunResult(label=resolved.label, config=resolved.to_dict(), status="skipped")
 
-    scalekit.engine.run = scalekit.ladder.run = stub
+    scalekit.training.engine.run = scalekit.training.ladder.run = stub
     yield
-    scalekit.engine.run = scalekit.ladder.run = real
+    scalekit.training.engine.run = scalekit.training.ladder.run = real
 
 
 def test_nan_is_not_finite():  # the divergence check's own premise, on this platform

@@ -9,14 +9,15 @@ import os
 import pytest
 import torch
 
-from scalekit import ConfigError, RunConfig, adapters, estimate, run
-from scalekit.finetune import FINETUNE_RUNGS, finetune_config
+from scalekit import ConfigError, RunConfig, estimate, run
 from scalekit.measure.memory import parameter_counts
+from scalekit.models import lora_files as adapters
 from scalekit.models.blocks import block_linears
 from scalekit.models.pretrained import _files as pretrained_files
 from scalekit.optional import quiet_import
 from scalekit.plan.traced import quantized_bytes
-from scalekit.training import build, train_step
+from scalekit.training.build import build, train_step
+from scalekit.training.finetune import FINETUNE_RUNGS, finetune_config
 from tests.helpers import CPU
 
 SMALL = dict(seq_len=64, batch_size=8, device="cpu")

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from scalekit import run
-from scalekit.finetune import finetune_config, finetune_ladder, heldout_curve, method_lr
+from scalekit.training.finetune import finetune_config, finetune_ladder, heldout_curve, method_lr
 from tests.helpers import CPU
 
 SMALL = dict(seq_len=32, batch_size=4, device="cpu", steps=2, warmup_steps=1, threads=1)
@@ -63,7 +63,7 @@ def test_the_ladder_trains_adapters_at_adapter_lr_and_the_full_model_at_its_lr()
 
 def test_the_curves_figure_draws_a_line_per_method_and_the_before():
     pytest.importorskip("plotly", reason="figures need plotly")
-    from scalekit.figures import heldout_curves_figure
+    from scalekit.course.figures import heldout_curves_figure
 
     curves = {"full": [(0, 1.8), (5, 1.7)], "LoRA": [(0, 1.8), (5, 1.75)]}
     fig = heldout_curves_figure(curves, before=1.8)

@@ -128,7 +128,7 @@ def test_nvml_absent_or_failing_is_not_known_and_never_raises(monkeypatch, cuda_
 
 def test_the_real_binding_without_a_driver_says_nothing():
     pytest.importorskip("pynvml", reason="nvidia-ml-py is a dependency, but this environment lacks it")
-    from scalekit.hardware import cuda_gpu_present
+    from scalekit.machine.hardware import cuda_gpu_present
 
     if cuda_gpu_present():
         pytest.skip("a GPU and its driver are here: NVML answers")

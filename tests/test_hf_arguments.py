@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 transformers = pytest.importorskip("transformers", reason="the Transformers bridge needs transformers installed")
 
 from scalekit import ConfigError, RunConfig  # noqa: E402
-from scalekit.cli import main  # noqa: E402
+from scalekit.cli.main import main  # noqa: E402
 from scalekit.hf import arguments as hf_args  # noqa: E402
 from scalekit.hf.export import export_code  # noqa: E402
 from scalekit.toggles import TOGGLES, Toggle, needs_process_group, register, unregister  # noqa: E402

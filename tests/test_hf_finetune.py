@@ -14,10 +14,11 @@ pytest.importorskip("transformers", reason="Hugging Face models need transformer
 if importlib.util.find_spec("peft") is None:  # looked up, not imported: peft imports bitsandbytes, after which
     pytest.skip("LoRA needs peft installed", allow_module_level=True)  # the forking tests (run first) may not fork
 
-from scalekit import RunConfig, adapters, estimate, run  # noqa: E402
+from scalekit import RunConfig, estimate, run
 from scalekit.hf import causal_lm  # noqa: E402
+from scalekit.models import lora_files as adapters  # noqa: E402
 from scalekit.models.blocks import block_linears, is_conv1d  # noqa: E402
-from scalekit.training import build, train_step  # noqa: E402
+from scalekit.training.build import build, train_step  # noqa: E402
 from tests.helpers import CPU  # noqa: E402
 
 FAMILIES = ["gpt2", "llama"]

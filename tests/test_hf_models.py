@@ -9,8 +9,8 @@ transformers = pytest.importorskip("transformers", reason="the Transformers brid
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, estimate, run  # noqa: E402
 from scalekit.hf import HFCausalLM, causal_lm, model_config  # noqa: E402
-from scalekit.ladder import ladder  # noqa: E402
 from scalekit.models.blocks import find_blocks  # noqa: E402
+from scalekit.training.ladder import ladder  # noqa: E402
 from tests.helpers import learns  # noqa: E402
 from tests.test_memory_toggles import assert_same_grads, built, grads_of_one_step  # noqa: E402
 

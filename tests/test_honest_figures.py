@@ -115,9 +115,9 @@ def test_an_error_with_every_worker_alive_is_left_as_it_is():
 
 
 def test_a_failed_run_shows_the_steps_it_measured_beside_the_failure():
-    from scalekit.measure.results import RunResult, StepRecord
     from scalekit.measure.summary import summarise_steps
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
+    from scalekit.training.results import RunResult, StepRecord
 
     result = RunResult(label="workers", config={}, status="failed", tokens_per_step=100,
                        error="a data-loader worker process died (pid 7, killed by SIGKILL)")
@@ -152,7 +152,7 @@ def test_workers_named_in_words_end_to_end():
     import psutil
 
     from scalekit import run
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
     from tests.helpers import tiny
 
     seen = {}

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.inference import GenerateConfig, inference_ladder
 from scalekit.inference.ladder import INFERENCE_LADDER, first_available
-from scalekit.ladder import LADDERS
+from scalekit.training.ladder import LADDERS
 from tests.helpers import CPU, library_lines, one_thread
 
 
@@ -75,7 +75,7 @@ def test_a_rung_this_machine_cannot_run_is_skipped_with_the_reason_and_the_climb
 @pytest.mark.slow
 def test_ladder_inference_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "ladder.json"
-    proc = subprocess.run([sys.executable, "-m", "scalekit.cli", "ladder", "inference", "--max-new-tokens", "12",
+    proc = subprocess.run([sys.executable, "-m", "scalekit.cli.main", "ladder", "inference", "--max-new-tokens", "12",
                            "--quality-seq-len", "64", "--model", "tiny", "--device", "cpu", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())

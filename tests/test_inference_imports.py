@@ -20,7 +20,7 @@ def test_import_scalekit_loads_no_optional_library_widget_library_or_heavy_torch
     code = f"""
 import sys, torch
 before = set(sys.modules)
-import scalekit, scalekit.hf, scalekit.engine, scalekit.cli, scalekit.inference.engine
+import scalekit, scalekit.hf, scalekit.training.engine, scalekit.cli.main, scalekit.inference.engine
 present = lambda names: [m for m in names if m in sys.modules]
 assert not present({OPTIONAL!r}), ("optional libraries", present({OPTIONAL!r}))
 assert not present({WIDGETS!r}), ("widget libraries", present({WIDGETS!r}))

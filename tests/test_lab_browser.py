@@ -43,7 +43,7 @@ def _checkbox_toggle() -> str:
     """An on/off toggle the CPU can run: sdpa if it is one, else the panel's first such checkbox."""
     import ipywidgets as w
 
-    from scalekit.hardware import detect
+    from scalekit.machine.hardware import detect
     from scalekit.widgets.panel import TogglePanel
 
     panel = TogglePanel(detect("cpu"))

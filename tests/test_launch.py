@@ -226,10 +226,10 @@ def test_torchrun_command_for_a_config_and_for_several_nodes():
     cmd = torchrun_command(cfg, nproc_per_node=2, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
     assert cmd[:6] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1", "--rdzv-backend=static",
                        "--rdzv-endpoint=10.0.0.1:29500"]
-    assert cmd[6:9] == ["-m", "scalekit.cli", "bench"]
+    assert cmd[6:9] == ["-m", "scalekit.cli.main", "bench"]
     assert cmd[cmd.index("--toggle") + 1] == "ddp" and cmd[cmd.index("--batch-size") + 1] == "8"
     # the bench flags it prints parse back into the same configuration
-    from scalekit.cli import _config, parser
+    from scalekit.cli.main import _config, parser
 
     args = parser().parse_args(cmd[8:])
     assert _config(args, dict(args.toggle)) == cfg
@@ -237,7 +237,7 @@ def test_torchrun_command_for_a_config_and_for_several_nodes():
     other = tiny(toggles=["ddp"], batch_size=8, lr=0.01, eval_every=2, eval_batches=1, measure_memory=False,
                  check_memory=False, threads=1, peak_tflops=3.5)
     cmd = torchrun_command(other, nproc_per_node=2)
-    args = parser().parse_args(cmd[cmd.index("scalekit.cli") + 1:])
+    args = parser().parse_args(cmd[cmd.index("scalekit.cli.main") + 1:])
     assert _config(args, dict(args.toggle)) == other
     with pytest.raises(ConfigError, match=r"RunConfig.adapter_targets has no `scalekit bench` flag"):
         torchrun_command(tiny(adapter_targets=("c_fc",)), nproc_per_node=2)

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import scalekit
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.launch import torchrun_command
 from tests.helpers import tiny
 from tests.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
@@ -68,7 +68,7 @@ def test_two_nodes_on_one_machine_train_together(tmp_path):
         cmd = torchrun_command(cfg, nproc_per_node=1, nnodes=2, node_rank=node_rank, rdzv_endpoint=endpoint,
                                args=["--json", str(out)])
         assert cmd[0] == "torchrun" and "-m" in cmd
-        argv = [sys.executable, "-m", "scalekit.cli", "launch", "--nnodes", "2", "--node-rank", str(node_rank),
+        argv = [sys.executable, "-m", "scalekit.cli.main", "launch", "--nnodes", "2", "--node-rank", str(node_rank),
                 "--rdzv-endpoint", endpoint, "--nproc-per-node", "1", *cmd[cmd.index("-m"):]]
         # two "machines" share these cores: one thread each, or OpenMP's spinning threads fight
         env = dict(os.environ, OMP_NUM_THREADS="1")

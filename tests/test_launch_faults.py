@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import scalekit
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch, launch_run, launch_script
 from scalekit.launch.run_files import LOCK_NAME, remove_stale_folders, run_folder
@@ -190,7 +190,7 @@ def _timeout_given_to_the_process_group():
     """What distributed.setup() passes to init_process_group in a launched rank."""
     from contextlib import ExitStack
 
-    from scalekit import distributed
+    from scalekit.distributed import runtime as distributed
 
     seen = {}
     real = dist.init_process_group
@@ -336,7 +336,7 @@ def _ctrl_c_to_a_cli(argv, ready, fresh_tmp, signum=signal.SIGINT) -> subprocess
     """Run `scalekit ARGV` in a terminal-like process group, press Ctrl-C once `ready(proc)` holds (or send
     another signal to the command alone, as `kill` or a scheduler does)."""
     env = dict(os.environ, TMPDIR=str(fresh_tmp))
-    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "scalekit.cli.main", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         assert _wait_for(lambda: ready(proc)), "the ranks did not start"
@@ -487,7 +487,7 @@ def test_a_killed_launchers_ranks_end_within_seconds_and_the_next_launch_removes
 
 
 def test_a_killed_bench_launchers_ranks_end_within_seconds(tmp_path, fresh_tmp):
-    argv = [sys.executable, "-m", "scalekit.cli", "bench", "--preset", "tiny", "--device", "cpu", "--data",
+    argv = [sys.executable, "-m", "scalekit.cli.main", "bench", "--preset", "tiny", "--device", "cpu", "--data",
             "synthetic", "--steps", "100000", "--toggle", "ddp", "--nproc-per-node", "2"]
     _kill_launcher_when_ranks_are_up(argv, lambda launcher: [p.pid for p in _ranks_of(launcher)], fresh_tmp,
                                      tmp_path)
@@ -510,7 +510,7 @@ def test_a_killed_script_launchers_ranks_end_within_seconds(tmp_path, fresh_tmp)
     script, ready = tmp_path / "sleeping_rank.py", tmp_path / "ready"
     script.write_text(SLEEPING_SCRIPT)
     ready.mkdir()
-    argv = [sys.executable, "-m", "scalekit.cli", "launch", "--nproc-per-node", "2", str(script), str(ready)]
+    argv = [sys.executable, "-m", "scalekit.cli.main", "launch", "--nproc-per-node", "2", str(script), str(ready)]
     _kill_launcher_when_ranks_are_up(argv, lambda launcher: [int(p.name) for p in ready.iterdir()], fresh_tmp,
                                      tmp_path)
     remove_stale_folders(fresh_tmp)  # for the fixture: what the next launch would do

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scalekit import estimate, run
-from scalekit.figures import PARTS, memory_breakdown_figure
+from scalekit.course.figures import PARTS, memory_breakdown_figure
 from scalekit.measure.memory import storage_bytes
 from tests.helpers import tiny
 from tests.test_memory_toggles import built

@@ -16,7 +16,7 @@ import torch
 
 import scalekit.plan
 from scalekit import ConfigError, RunConfig, estimate
-from scalekit.memory_limit import (
+from scalekit.machine.memory_limit import (
     CGROUP_ROOT,
     PROC_ROOT,
     MemoryLimit,
@@ -182,7 +182,7 @@ INSIDE = """
 import sys
 open(sys.argv[1], "w").write("0")  # move this process into the cgroup before it allocates anything
 import scalekit
-from scalekit.memory_limit import machine_limit
+from scalekit.machine.memory_limit import machine_limit
 limit = machine_limit(scalekit.detect("cpu"))
 print(limit.limit_bytes, limit.source, sep="\\n")
 try:

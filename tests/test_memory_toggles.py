@@ -7,7 +7,7 @@ import torch
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
 from scalekit.toggles import TOGGLES
-from scalekit.training import train_step
+from scalekit.training.build import train_step
 from tests.helpers import CPU, Regressor, built, mse_loss, regression_batch, tiny
 
 

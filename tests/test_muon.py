@@ -10,7 +10,7 @@ import torch
 
 from scalekit import RunConfig, ToggleUnavailable, estimate, run
 from scalekit.models.muon import MuonWithAdamW, muon_with_adamw
-from scalekit.training import train_step
+from scalekit.training.build import train_step
 from tests.helpers import (
     ConvNet,
     NanoStyleGPT,

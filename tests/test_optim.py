@@ -12,7 +12,7 @@ import torch
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
 from scalekit.toggles import optim as optim_mod
 from scalekit.toggles.optim import EIGHT_BIT, OPTIMIZERS, make_optimizer
-from scalekit.training import train_step
+from scalekit.training.build import train_step
 from tests.helpers import CPU, built, learns, tiny
 
 STEPS = dict(steps=20, warmup_steps=1, log_every=5)

@@ -18,13 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 
-import scalekit.cli
-import scalekit.engine
+import scalekit.cli.main
+import scalekit.training.engine
 from scalekit import files
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.errors import ConfigError
 from scalekit.inference.results import GenerateResult
-from scalekit.measure.results import RunResult
+from scalekit.training.results import RunResult
 
 COMMANDS = {
     "bench": ["bench", "--preset", "tiny", "--device", "cpu"],
@@ -78,8 +78,8 @@ def stub_runs(monkeypatch, tmp_path_factory):
         act()
         return StubTune(cfg)
 
-    monkeypatch.setattr(scalekit.engine, "run", run)
-    monkeypatch.setitem(scalekit.cli.LADDERS, "train", ladder)
+    monkeypatch.setattr(scalekit.training.engine, "run", run)
+    monkeypatch.setitem(scalekit.cli.main.LADDERS, "train", ladder)
     monkeypatch.setattr(importlib.import_module("scalekit.inference"), "generate", generate)
     monkeypatch.setattr(importlib.import_module("scalekit.autotune"), "autotune", autotune)
     monkeypatch.setattr(files, "FIFO_READER_WAIT_S", 0.5)
@@ -343,7 +343,7 @@ def test_a_symlink_loop_is_refused_naming_it(tmp_path):
 def test_a_checkpoint_saved_through_a_symlink_keeps_the_link(tmp_path):
     import torch
 
-    from scalekit import checkpoint
+    from scalekit.models import weight_files as checkpoint
 
     target = tmp_path / "w.pt"
     target.write_bytes(b"old")

@@ -1,4 +1,4 @@
-"""Your model everywhere scalekit is used: what applies to it (scalekit.applicable, `scalekit toggles
+"""Your model everywhere scalekit is used: what applies to it (scalekit.comparison.applicable, `scalekit toggles
 --hf-model`), the command line's --hf-model and the presets' fitting defaults, the Lab and autotune."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import scalekit
-from scalekit import GenerateConfig, RunConfig, applicable
-from scalekit.cli import main
+from scalekit import GenerateConfig, RunConfig
+from scalekit.cli.main import main
+from scalekit.comparison import applicable
 from scalekit.toggles import ORDER
 from tests.helpers import CPU, ConvNet, classify_loss, image_batch, one_thread
 
@@ -81,7 +82,7 @@ def test_generate_and_ladder_inference_take_a_hugging_face_model(capsys):
     assert main(["generate", "--hf-model", "llama", "--model", "tiny", "--device", "cpu", "--max-new-tokens", "6",
                  "--warmup-tokens", "0", "--toggle", "kv_cache=static", "--no-quality"]) == 0
     assert "ROMEO:" in capsys.readouterr().out
-    from scalekit.cli import _generate_config, parser
+    from scalekit.cli.main import _generate_config, parser
 
     args = parser().parse_args(["ladder", "inference", "--hf-model", "gpt2", "--preset", "tiny", "--device", "cpu"])
     cfg = _generate_config(args, {}, ladder=True)

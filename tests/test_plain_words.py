@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scalekit import ConfigError, RunConfig, run
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.inference import GenerateConfig, generate
 from tests.helpers import tiny
 
@@ -58,7 +58,7 @@ def test_eval_every_within_the_steps_evaluates_without_that_note():
 @pytest.mark.parametrize("toggle", ["lora", "dora"])
 def test_an_adapter_rank_above_a_layers_width_is_refused_naming_the_layer(toggle):
     pytest.importorskip("peft")
-    from scalekit.finetune import finetune_config
+    from scalekit.training.finetune import finetune_config
 
     with pytest.raises(ConfigError, match=rf"RunConfig\.toggles\['{toggle}'\]=10000.*'transformer\.h\.0\.attn\.c_attn'"
                                           r".*128.*at most 128"):
@@ -67,7 +67,7 @@ def test_an_adapter_rank_above_a_layers_width_is_refused_naming_the_layer(toggle
 
 def test_an_adapter_rank_at_the_width_is_accepted():
     pytest.importorskip("peft")
-    from scalekit.finetune import finetune_config
+    from scalekit.training.finetune import finetune_config
 
     assert run(finetune_config(toggles={"lora": 128}, **QUICK)).status == "ok"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from scalekit import RunConfig
-from scalekit.profiling import STEP_RANGE, compiled_kernels, peak_bytes, profile_steps, time_ms
+from scalekit.training.profiling import STEP_RANGE, compiled_kernels, peak_bytes, profile_steps, time_ms
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_the_profiler_banner_stays_off_stderr_and_other_lines_do_not():
 
     code = ("import os, torch\n"
             "from scalekit import RunConfig\n"
-            "from scalekit.profiling import profile_steps, without_kineto_banner\n"
+            "from scalekit.training.profiling import profile_steps, without_kineto_banner\n"
             "profile_steps(RunConfig(preset='tiny', device='cpu', threads=1), steps=1, warmup_steps=0)\n"
             "with without_kineto_banner():\n"
             "    os.write(2, b'USDT:2026 1:1 X.cpp:52] profiler_start\\nan error of the reader\\'s own\\n')\n")
@@ -96,7 +96,7 @@ def test_the_profiler_banner_stays_off_stderr_and_other_lines_do_not():
 def test_call_finding_says_which_call_is_faster():
     import time
 
-    from scalekit.profiling import call_finding
+    from scalekit.training.profiling import call_finding
 
     def quick():
         time.sleep(0.002)

@@ -62,8 +62,8 @@ def test_a_model_without_block_linears_is_refused_naming_it():
 
 @pytest.mark.slow
 def test_qat_against_ptq_reads_held_out_quality():
-    from scalekit.finetune import finetune_config
-    from scalekit.qat_quality import qat_vs_ptq
+    from scalekit.training.finetune import finetune_config
+    from scalekit.training.qat_quality import qat_vs_ptq
 
     out = qat_vs_ptq(finetune_config(batch_size=4, seq_len=32), steps=2, windows=2)
     assert out["fp32"]["agreement"] == 1.0

@@ -8,11 +8,9 @@ import importlib.util
 import pytest
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, estimate, run
-from scalekit.applicable import APPLIES, applicable
 from scalekit.autotune import declared_changes, machine_space
-from scalekit.batch_finder import find_batch_size
-from scalekit.cli import main
-from scalekit.finetune import method_lr
+from scalekit.cli.main import main
+from scalekit.comparison.applicable import APPLIES, applicable
 from scalekit.hf.arguments import training_arguments_and_notes
 from scalekit.hf.export import TARGETS, export_code
 from scalekit.inference.config import GenerateConfig
@@ -29,6 +27,8 @@ from scalekit.toggles import (
     unregister,
 )
 from scalekit.toggles import optim as optim_mod
+from scalekit.training.batch_finder import find_batch_size
+from scalekit.training.finetune import method_lr
 from scalekit.widgets.panel import NONE_LABEL
 from tests.helpers import CPU, tiny
 

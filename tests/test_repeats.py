@@ -13,13 +13,13 @@ import torch
 
 import scalekit
 from scalekit import ConfigError, RunConfig
-from scalekit.cli import main
+from scalekit.cli.main import main
 from scalekit.inference import GenerateResult, compare_generations
 from scalekit.measure import load
 from scalekit.measure.load import LoadMeter, MachineLoad
-from scalekit.measure.results import RunResult, StepRecord, compare
 from scalekit.measure.timing import Spread
-from scalekit.report import results_table
+from scalekit.training.report import results_table
+from scalekit.training.results import RunResult, StepRecord, compare
 
 QUICK = dict(preset="tiny", steps=4, warmup_steps=1, log_every=2, device="cpu", measure_memory=False)
 
@@ -34,16 +34,16 @@ def no_collection(monkeypatch):
 
 
 def test_the_ladder_repeats_its_rows_in_alternating_order(monkeypatch, no_collection):
-    import scalekit.ladder
+    import scalekit.training.ladder
 
-    order, real = [], scalekit.ladder.run
+    order, real = [], scalekit.training.ladder.run
 
     def recording(cfg, **kwargs):
         order.append((cfg.label, cfg.measure_memory))
         return real(cfg, **kwargs)
 
-    monkeypatch.setattr(scalekit.ladder, "run", recording)
-    rows = scalekit.ladder.ladder(RunConfig(**{**QUICK, "measure_memory": True}), rungs=("tf32", "fused_adamw"),
+    monkeypatch.setattr(scalekit.training.ladder, "run", recording)
+    rows = scalekit.training.ladder.ladder(RunConfig(**{**QUICK, "measure_memory": True}), rungs=("tf32", "fused_adamw"),
                                   repeats=3)
     assert [label for label, _ in order] == ["baseline", "+ fused_adamw", "+ fused_adamw", "baseline", "baseline",
                                              "+ fused_adamw"]
@@ -136,7 +136,7 @@ def sleepy_config(label: str, step_s: float = 0.03) -> RunConfig:
 
 
 def test_beside_a_real_busy_loop_one_run_each_is_unreliable_and_rounds_keep_their_verdict(no_collection):
-    from scalekit.course import finding
+    from scalekit.course.chapter import finding
     from scalekit.measure.stats import BUSY_VERDICT
 
     # enough loops to make the machine busy by the meter's own rule (one on a 2-core machine)

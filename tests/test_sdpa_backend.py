@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from scalekit import RunConfig, generate, run
 from scalekit.measure import attention_backend
 from scalekit.measure.attention_backend import AttentionWatch, backends_said, chosen_backend
-from scalekit.report import results_table
+from scalekit.training.report import results_table
 from tests.families import hf_config
 
 STEPS, WARMUP = 2, 1

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scalekit import ConfigError, ToggleUnavailable
-from scalekit.families import generation_family
+from scalekit.hf.family_of import generation_family
 from scalekit.inference import GenerateConfig, generate
 from scalekit.inference.loop import Sampling
 from scalekit.inference.speculative import speculative_decode

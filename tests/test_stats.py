@@ -128,8 +128,8 @@ def test_compare_with_repeats_through_the_engine_on_a_scripted_machine(monkeypat
 def scripted_result(label: str, step_ms: list[float], busy: bool):
     """A finished training run with these measured steps, measured on a machine the load meter saw busy or not."""
     from scalekit.measure.load import MachineLoad
-    from scalekit.measure.results import RunResult, StepRecord
     from scalekit.measure.timing import Spread
+    from scalekit.training.results import RunResult, StepRecord
 
     steps = [StepRecord(step=i, warmup=False, step_ms=ms, tokens_per_s=512 / ms * 1e3, loss=None, mem_bytes=None,
                         tokens=512) for i, ms in enumerate(step_ms)]
@@ -168,10 +168,10 @@ def test_one_run_each_on_a_busy_machine_is_unreliable_and_rounds_are_not():
 
 
 def test_every_table_and_sentence_of_one_busy_run_each_says_unreliable():
-    from scalekit.course import finding
+    from scalekit.course.chapter import finding
     from scalekit.inference import compare_generations
-    from scalekit.measure.results import compare
-    from scalekit.report import results_table
+    from scalekit.training.report import results_table
+    from scalekit.training.results import compare
 
     base = scripted_result("baseline", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.1], busy=False)
     fast = scripted_result("+ toggle", [6.0, 6.1, 5.9, 6.2, 6.0, 6.1, 5.8, 6.0], busy=True)
@@ -189,8 +189,8 @@ def test_every_table_and_sentence_of_one_busy_run_each_says_unreliable():
 
 
 def test_rows_measured_in_rounds_on_a_busy_machine_keep_their_verdict_beside_the_note():
-    from scalekit.course import finding
-    from scalekit.measure.results import compare
+    from scalekit.course.chapter import finding
+    from scalekit.training.results import compare
 
     base = scripted_result("baseline", [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.1], busy=False)
     fast = scripted_result("+ toggle", [6.0, 6.1, 5.9, 6.2, 6.0, 6.1, 5.8, 6.0], busy=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from scalekit.inference.report import generation_table
-from scalekit.report import results_table
+from scalekit.training.report import results_table
 from scalekit.widgets.generate_table import results_frame as generation_frame
 from scalekit.widgets.generate_table import results_html as generation_html
 from scalekit.widgets.table import results_frame, results_html

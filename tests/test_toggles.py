@@ -51,7 +51,7 @@ def test_autocast_dtype_is_seen_inside_forward(name, dtype):
     with built(tiny(toggles=[name])) as ctx:
         seen = []
         ctx.base_model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
-        from scalekit.training import train_step
+        from scalekit.training.build import train_step
 
         loss = train_step(ctx, next(ctx.batches))
         assert seen == [dtype]

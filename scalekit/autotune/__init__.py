@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import RunConfig
-from ..engine import run
+from ..comparison.repeats import timing_only
 from ..errors import ConfigError, PlanUnavailable
-from ..families import toggle_family
-from ..hardware import detect
+from ..hf.family_of import toggle_family
+from ..machine.hardware import detect
 from ..measure.stats import run_samples
 from ..plan import estimate
-from ..rounds import timing_only
 from ..toggles import TOGGLES
+from ..training.config import RunConfig
+from ..training.engine import run
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
 from .search import (

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..comparison.repeats import timing_only
 from ..errors import ConfigError
-from ..hardware import detect
 from ..inference import GenerateConfig, generate
+from ..machine.hardware import detect
 from ..measure.stats import run_samples
-from ..rounds import timing_only
 from ..toggles import TOGGLES
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts

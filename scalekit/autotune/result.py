@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..checks import micro_batch_rows
-from ..config import RunConfig
 from ..errors import ConfigError
 from ..measure.stats import sentence
 from ..toggles import plan_facts
+from ..training.config import RunConfig
 from .search import Candidate, Search
 
 

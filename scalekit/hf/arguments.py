@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
+from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError
 from ..models.blocks import is_own_model
 from ..optional import quiet_import
-from ..parallel import mesh_shape
 from ..toggles import ORDER, TOGGLES, mesh_dims, needs_process_group, plan_facts
 from ..toggles.base import Spelling
 

@@ -38,16 +38,16 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import ConfigError
-from ..hardware import detect
+from ..machine.hardware import detect
 from ..measure import memory
 from ..measure.flops import mfu_dtype
 from ..measure.load import LoadMeter
-from ..measure.results import RunResult, StepRecord
 from ..measure.session import pin_threads
 from ..measure.summary import summarise_steps
 from ..measure.timing import step_timer, synchronize
 from ..optional import quiet_import
 from ..toggles import PHASES, BuildContext, apply_toggles
+from ..training.results import RunResult, StepRecord
 from .arguments import run_config_fields, training_defaults
 
 # through scalekit's quiet import: it pulls in peft and bitsandbytes, which must not reach for the Hub

@@ -5,7 +5,7 @@ that apply to generation act (tf32, bf16, sdpa, kv_cache, quantize, compile, inf
 "model_config" phase the model is built: the shipped weights loaded into a GPT of the (possibly changed)
 config, a preset's random weights, or your model (built by its family: a Hugging Face model the Transformers
 way, with the attention the sdpa toggle chose).  Generation has no data or optimizer to build.  Every
-generation has a model family in `ctx.model_adapter` (scalekit.families.generation_family): it says how the
+generation has a model family in `ctx.model_adapter` (scalekit.hf.family_of.generation_family): it says how the
 decode loop runs a forward with the model's cache.
 """
 
@@ -17,7 +17,7 @@ import copy
 import torch
 
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
-from ..families import generation_family
+from ..hf.family_of import generation_family
 from ..models import GPT, PRESETS, GPTConfig
 from ..models.blocks import find_blocks
 from ..models.pretrained import PRETRAINED_NAMES, load_pretrained, pretrained_info

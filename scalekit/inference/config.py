@@ -14,7 +14,7 @@ import torch
 from ..checks import check_bool, check_device, check_label, check_threads, int_in
 from ..data import CharTokenizer, corpus_text
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
-from ..families import generation_family, is_hf_source
+from ..hf.family_of import generation_family, is_hf_source
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
 from ..toggles import TOGGLES, check_combination, normalise

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from .. import hardware
 from ..errors import TokenCacheUnavailable
+from ..machine import hardware
 from ..measure import memory
 from ..measure.attention_backend import AttentionWatch, backends_note
 from ..measure.compiled import CompileWatch, graphs_made

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import RunConfig
-from ..hardware import detect
+from ..comparison.repeats import check_repeats, repeat_rows, timing_only
+from ..machine.hardware import detect
 from ..models.quantization import INT4_METHODS, INT8_METHODS
-from ..rounds import check_repeats, repeat_rows, timing_only
 from ..toggles import TOGGLES
+from ..training.config import RunConfig
 from .config import GenerateConfig
 from .engine import generate
 from .results import GenerateResult
@@ -61,7 +61,7 @@ def as_generate_config(base: GenerateConfig | RunConfig | None, hw) -> GenerateC
 def inference_ladder(base: GenerateConfig | RunConfig | None = None, rungs=INFERENCE_LADDER, on_status=None,
                      on_result=None, stop=None, repeats: int = 1) -> list[GenerateResult]:
     """The baseline generation, then each rung cumulatively; `repeats`: each row generated that many times, the
-    order alternating (scalekit.rounds)."""
+    order alternating (scalekit.comparison.repeats)."""
     check_repeats("inference_ladder(repeats=)", repeats)
     base_cfg = as_generate_config(base, None)
     hw = detect(base_cfg.device, "GenerateConfig")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import interval_cells, measurement_footer, text_table
+from ..measure.text_tables import interval_cells, measurement_footer, text_table
 from .results import GenerateResult, generation_speedup
 
 

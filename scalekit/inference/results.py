@@ -11,7 +11,7 @@ from typing import Any
 from ..measure.attention_backend import backends_said
 from ..measure.compiled import compile_flags
 from ..measure.load import MachineLoad, any_busy, busiest
-from ..measure.results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
+from ..measure.shared_results import STATUSES, Round, geometric_mean, not_like_for_like, write_results_json
 from ..measure.stats import Interval, speedup_interval, too_few_steps, verdict
 from ..measure.timing import Spread
 

@@ -19,8 +19,8 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 from .api import launch, launch_run, launch_script  # noqa: E402
 from .commands import torchrun_command  # noqa: E402
+from .failure_report import LaunchError  # noqa: E402
 from .guards import ForkUnsafeError, check_fork_safe, fork_problems  # noqa: E402
-from .report import LaunchError  # noqa: E402
 
 __all__ = ["launch", "launch_run", "launch_script", "LaunchError", "ForkUnsafeError", "check_fork_safe",
            "fork_problems", "torchrun_command"]

@@ -26,7 +26,7 @@ from typing import Any
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, start_processes
 
-from ..distributed import PG_TIMEOUT_ENV
+from ..distributed.runtime import PG_TIMEOUT_ENV
 from .exits import ExitWatcher
 from .rank import STACK_SIGNAL
 from .run_files import RunFiles

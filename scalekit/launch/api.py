@@ -15,12 +15,12 @@ import os
 import sys
 from collections.abc import Callable
 
-from .. import hardware
 from ..errors import ConfigError
+from ..machine import hardware
 from . import guards
 from .agent import Agent
+from .failure_report import LaunchError, report
 from .rank import UnreadableReturnValue, rank_main
-from .report import LaunchError, report
 from .run_files import run_folder
 from .script_bootstrap import bootstrap_args
 from .signals import Signals
@@ -81,7 +81,7 @@ def launch_run(config, nprocs: int | None = None, catch_errors: bool = False, ti
     With catch_errors, a failed launch (a timeout included) comes back as a result with status "failed" and
     the error in a line.  timeout_s and keep_logs as for `launch`.
     """
-    from ..measure.results import RunResult
+    from ..training.results import RunResult
 
     nprocs = _check_nprocs(nprocs)
     config.check_ranks(nprocs)  # a mesh the ranks cannot form is refused before any of them starts
@@ -106,7 +106,7 @@ def _readable(values: list) -> list:
 
 
 def _run_config(config):
-    from ..engine import run
+    from ..training.engine import run
 
     return run(config)
 

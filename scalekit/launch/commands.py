@@ -27,10 +27,10 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT: what a shell reports for a command ended
 def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_rank: int = 0,
                      rdzv_endpoint: str | None = None, args=(), module: bool = False) -> list[str]:
     """The torchrun argv that runs `target` (a script path, a module with module=True, or a RunConfig)."""
-    from ..config import RunConfig
+    from ..training.config import RunConfig
 
     if isinstance(target, RunConfig):
-        target, args, module = "scalekit.cli", ["bench", *bench_args(target), *args], True
+        target, args, module = "scalekit.cli.main", ["bench", *bench_args(target), *args], True
     _check_positive("nproc_per_node", nproc_per_node)
     _check_positive("nnodes", nnodes)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}"]
@@ -51,9 +51,9 @@ def torchrun_command(target, *, nproc_per_node: int = 1, nnodes: int = 1, node_r
 
 def bench_args(cfg) -> list[str]:
     """`scalekit bench` flags for a RunConfig, derived from its fields as the command line's flags are
-    (scalekit.cli_fields): every field away from its default is carried, and one no flag can carry is refused."""
-    from ..cli_fields import NO_COUNTERPART, field_flags
-    from ..config import RunConfig
+    (scalekit.cli.fields): every field away from its default is carried, and one no flag can carry is refused."""
+    from ..cli.fields import NO_COUNTERPART, field_flags
+    from ..training.config import RunConfig
 
     if cfg.custom_model:
         raise ConfigError("RunConfig.model: your own model cannot be passed on a command line; launch a script "
@@ -143,7 +143,7 @@ def run_command(args) -> int:
 
     from . import guards
     from .api import launch_script
-    from .report import LaunchError
+    from .failure_report import LaunchError
 
     nproc = check_nproc_flag(args.nproc_per_node) or guards.default_nprocs()
     timeout_s = check_timeout_flag(args.timeout_s)

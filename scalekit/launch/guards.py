@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import hardware
 from ..errors import ForkUnsafeError
+from ..machine import hardware
 
 MAGIC = ("or run the cell with the %%torchrun magic (`%load_ext scalekit`), which starts fresh interpreters "
          "instead of forking")

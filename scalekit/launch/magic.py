@@ -19,8 +19,8 @@ import threading
 
 from .agent import PREFIX
 from .commands import LOOPBACK_RDZV
+from .failure_report import LaunchError
 from .rank import set_parent_death_signal
-from .report import LaunchError
 
 RDZV_OPTIONS = ("--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend",
                 "--master-addr", "--master_addr", "--master-port", "--master_port")

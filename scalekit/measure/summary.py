@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from ..training.results import RunResult, StepRecord
 from .flops import mfu
-from .results import RunResult, StepRecord
 from .timing import Spread
 
 

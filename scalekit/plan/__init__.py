@@ -19,17 +19,17 @@ import dataclasses
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from .. import distributed
 from ..checks import micro_batch_rows
-from ..config import RunConfig
+from ..distributed import runtime
+from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError, PlanUnavailable
-from ..hardware import detect, gpu_count_without_cuda_init
-from ..memory_limit import MemoryLimit, machine_limit
+from ..machine.hardware import detect, gpu_count_without_cuda_init
+from ..machine.memory_limit import MemoryLimit, machine_limit
 from ..models import GPT
 from ..models.blocks import block_linears
 from ..models.presets import PRESETS
-from ..parallel import mesh_shape
 from ..toggles import TOGGLES, BuildContext, PlanFacts, apply_toggles, mesh_dims, plan_facts
+from ..training.config import RunConfig
 from .estimate import Estimate
 from .gpt import gpt_estimate
 from .ranks import per_rank
@@ -157,7 +157,7 @@ def check_fits(cfg: RunConfig, hw) -> str | None:
     limit = machine_limit(hw)
     if limit is None:
         return None
-    ranks = distributed.world_size()  # in a launched rank, the launch's size
+    ranks = runtime.world_size()  # in a launched rank, the launch's size
     ranks_here = ranks if hw.device_type == "cpu" else 1  # ranks on one CPU share its memory
     if cfg.custom_model:
         need = _weights_and_state_bytes(cfg) * ranks_here

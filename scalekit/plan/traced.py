@@ -26,14 +26,14 @@ import os
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import training
 from ..data import first_batch, to_device
 from ..data.packing import PackedDocuments
 from ..errors import PlanUnavailable
-from ..hardware import Hardware
+from ..machine.hardware import Hardware
 from ..measure import memory
 from ..toggles import TOGGLES
 from ..toggles.optim import EIGHT_BIT
+from ..training import build
 from .estimate import Estimate
 from .optimizer_state import optimizer_state_bytes
 
@@ -201,11 +201,11 @@ def split_regions(model: torch.nn.Module, degree: int, tracker: SplitTracker) ->
 def _trace(cfg, hw: Hardware, stack, tensor_parallel: int = 1) -> dict:
     """Build `cfg` under fake tensors, take one step, then count one more; the figures as numbers.  With
     `tensor_parallel` > 1 (the run's degree), the activations its split layers keep are counted apart."""
-    ctx = training.build(cfg, hw, stack)
-    flops = training.flops_per_step(ctx)
+    ctx = build.build(cfg, hw, stack)
+    flops = build.flops_per_step(ctx)
     grads = memory.GradBytesAtStep(ctx.optimizer)
-    training.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
-    tracker = training.step_tracker(ctx, SplitTracker, devices=(hw.device_type,))
+    build.train_step(ctx, next(ctx.batches))  # the optimizer's state appears at its first step
+    tracker = build.step_tracker(ctx, SplitTracker, devices=(hw.device_type,))
     for handle in split_regions(ctx.base_model, tensor_parallel, tracker) if tensor_parallel > 1 else ():
         stack.callback(handle.remove)
     before_update = {}  # the peak of forward and backward, read as the optimizer step begins
@@ -228,7 +228,7 @@ def _trace(cfg, hw: Hardware, stack, tensor_parallel: int = 1) -> dict:
         if p.requires_grad:
             stack.callback(p.register_hook(read_peak_before_grads).remove)
     loss_fn, ctx.loss_fn = ctx.loss_fn, loss_and_saved
-    peak = training.probe_step_memory(ctx, tracker)
+    peak = build.probe_step_memory(ctx, tracker)
     params = list(ctx.base_model.parameters())
     trainable = [p for p in params if p.requires_grad]
     embedding_ids = {id(m.weight) for m in ctx.base_model.modules() if isinstance(m, torch.nn.Embedding)}

@@ -83,7 +83,7 @@ class BuildContext:
     """What toggles read and change while a run is being built; every field is declared here."""
 
     config: Any  # the resolved RunConfig
-    hw: Any  # scalekit.hardware.Hardware
+    hw: Any  # scalekit.machine.hardware.Hardware
     device: torch.device  # where the run computes (this rank's GPU, or the CPU)
     stack: contextlib.ExitStack  # process-wide changes and wrappers register their undo/teardown here
     world_size: int = 1  # ranks this run is spread over (1: one process)
@@ -271,7 +271,7 @@ class Toggle:
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
     changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
     # trains only a few weights it adds or picks (adapters, the head alone), the rest frozen: fine-tuning gives such
-    # a run its own learning rate (scalekit.finetune.ADAPTER_LR)
+    # a run its own learning rate (scalekit.training.finetune.ADAPTER_LR)
     trains_few_weights: bool = False
     # -- what validation, the planner and autotune read of it (they name no toggle) ---------------------------
     excludes: Mapping[str, str] = {}  # toggles that cannot be on with this one -> why (declared on one side)
@@ -344,7 +344,7 @@ class Toggle:
 
     def mesh_dims(self, value: Any) -> dict[str, int | None]:
         """The dimensions of the run's device mesh this toggle splits the ranks along, on with `value`: {'pp': stages}
-        or {'tp': degree} (scalekit.parallel.MESH_DIMS; None: every rank the other dimensions leave).  The run builds
+        or {'tp': degree} (scalekit.distributed.sharding.MESH_DIMS; None: every rank the other dimensions leave).  The run builds
         one mesh of every toggle's dimensions, checked against the ranks, before any toggle acts (BuildContext.mesh);
         the ranks left over form the data-parallel dimension.  By default none."""
         return {}

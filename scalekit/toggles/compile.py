@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_bool
-from ..cxx import unavailable_reason
 from ..errors import (
     CompileFailed,
     ConfigError,
@@ -14,6 +13,7 @@ from ..errors import (
     is_out_of_memory,
     torch_compile_says,
 )
+from ..machine.cxx import unavailable_reason
 from .base import BuildContext, Spelling, Toggle, Tune
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

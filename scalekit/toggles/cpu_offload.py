@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..checks import check_bool
-from ..distributed import available_with_ranks, distributed_available
+from ..distributed.runtime import available_with_ranks, distributed_available
 from .base import BuildContext, Call, Spelling, Toggle
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from ..distributed import available_with_ranks, distributed_available, release_model
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
 from .base import BuildContext, Spelling, Toggle
 
 

@@ -7,7 +7,7 @@ import importlib.util
 import torch
 
 from ..checks import dict_or_none
-from ..distributed import available_with_ranks, distributed_available, release_model
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
 from .base import BuildContext, Spelling, Toggle
 
 MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")

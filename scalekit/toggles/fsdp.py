@@ -8,9 +8,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..checks import dict_or_none, one_of
-from ..distributed import available_with_ranks, distributed_available, release_model
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
+from ..distributed.sharding import shard_kwargs
 from ..errors import ConfigError
-from ..parallel import shard_kwargs
 from .base import BuildContext, Call, Spelling, Toggle
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..distributed import available_with_ranks, distributed_available, release_model
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
 from ..models.decoder_stages import config_refusal
 from ..models.pipeline import (

@@ -15,7 +15,7 @@ with a pipeline's stages.
 
 from __future__ import annotations
 
-from ..distributed import available_with_ranks, distributed_available, release_model
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
 from ..errors import ConfigError
 from .base import BuildContext, Spelling
 from .counted import CountToggle, as_count

@@ -7,8 +7,8 @@ import warnings
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from ..distributed import available_with_ranks, distributed_available, release_model
-from ..parallel import shard_kwargs
+from ..distributed.runtime import available_with_ranks, distributed_available, release_model
+from ..distributed.sharding import shard_kwargs
 from .base import BuildContext, Call, Spelling, Toggle
 
 MODES = ("zero1", "zero2")

@@ -28,13 +28,13 @@ import time
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..config import RunConfig
-from ..engine import run
+from ..course.figures import memory_breakdown_figure, step_time_figure, step_time_rows
 from ..errors import ConfigError
-from ..families import toggle_family
-from ..figures import memory_breakdown_figure, step_time_figure, step_time_rows
-from ..measure.results import RunResult, StepRecord
+from ..hf.family_of import toggle_family
 from ..toggles import ORDER, TOGGLES, needs_process_group
+from ..training.config import RunConfig
+from ..training.engine import run
+from ..training.results import RunResult, StepRecord
 from .panel import TogglePanel
 from .plots import LivePlots
 from .runner import Runner, ViewCost

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..measure.results import StepRecord
+from ..training.results import StepRecord
 from .live import LiveSeries, figure
 
 MB = 2**20

@@ -22,7 +22,7 @@ import ipywidgets as w
 
 from ..errors import ConfigError, plain_error
 from ..files import check_writable, write_atomic
-from ..hardware import detect
+from ..machine.hardware import detect
 from .snapshot import Snapshot, plotlyjs_on_page
 
 VIEW_BUDGET = 0.005  # the share of a run's time the view may take: it waits longer after a costly redraw

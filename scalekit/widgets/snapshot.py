@@ -7,7 +7,7 @@ So a Lab in a notebook keeps a second, ordinary output below its panel: a snapsh
 
 The plots are plotly figures written as HTML (a `<div>` and the `Plotly.newPlot` call that draws it), copied from
 the live figures with long series thinned to MAX_POINTS a trace.  plotly.js itself is on the page once: where
-plotly's notebook renderer is the default (as `scalekit.course.setup_page()` makes it), that renderer has put it
+plotly's notebook renderer is the default (as `scalekit.course.chapter.setup_page()` makes it), that renderer has put it
 there, and the snapshot leans on it; elsewhere the snapshot carries plotly.js itself (about 4.6 MB, once: each
 redraw replaces the last).
 """

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from ..measure.results import RunResult, compare
+from ..training.results import RunResult, compare
 
 COLUMNS = ["#", "run", "status", "flags", "batch_size", "step_ms", "step_ms_iqr", "tokens_per_s", "speedup", "speedup_low",
            "speedup_high", "verdict", "data_wait_ms", "data_wait_frac", "peak_mem_mb", "mem_ratio", "mfu", "final_loss",
