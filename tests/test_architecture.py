@@ -172,7 +172,8 @@ NEVER = (
     ("scalekit.training", ABOVE_TRAINING),
     ("scalekit.evaluation", ABOVE_TRAINING),
 )
-TOGGLE_HELPERS = ("scalekit.toggles.base", "scalekit.toggles.counted")  # what toggles may share
+TOGGLE_HELPERS = ("scalekit.toggles.base", "scalekit.toggles.counted", "scalekit.toggles.vocabulary",  # what toggles
+                  "scalekit.toggles.facts", "scalekit.toggles.stepper", "scalekit.toggles.source")  # may share
 
 
 def under(name: str, prefix: str) -> bool:
