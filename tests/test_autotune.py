@@ -12,7 +12,8 @@ import pytest
 import scalekit
 from scalekit import ConfigError, RunConfig
 from scalekit.autotune import Candidate, Measurement, SearchSpace, autotune, search
-from scalekit.autotune.search import MAX_ROUNDS, MIN_GAIN, MIN_ROUNDS, NothingFits
+from scalekit.autotune.paired import MAX_ROUNDS, MIN_GAIN, MIN_ROUNDS
+from scalekit.errors import NothingFits
 from tests.helpers import CPU
 
 START = RunConfig(preset="tiny", batch_size=8, device="cpu")
@@ -186,7 +187,7 @@ def test_grad_accum_is_tried_on_the_real_machine_and_a_count_that_cannot_split_t
     # the tiny GPT for real: at batch 8 the baseline's peak (≈6.5 MiB) is over 5.5 MiB and 2 micro-batches
     # (≈4.3 MiB) are under; the search, handed bf16 + sdpa, measures fp32 with grad_accum and its winner fits
     from scalekit.autotune import machine_space
-    from scalekit.autotune.search import _ratio, _standing
+    from scalekit.autotune.crown import _ratio, _standing
 
     budget = int(5.5 * 2**20)
     start = dataclasses.replace(START, toggles={"bf16": True, "sdpa": True}, steps=4, warmup_steps=1)
@@ -211,7 +212,8 @@ def test_grad_accum_is_tried_on_the_real_machine_and_a_count_that_cannot_split_t
 def test_the_final_check_crowns_a_measured_configuration_faster_than_the_pick():
     # a search whose greedy path ended on a slower configuration than one it measured (its intervals scripted):
     # the check compares them through the links their chains do not share, and crowns the faster
-    from scalekit.autotune.search import Search, Standing, _crown
+    from scalekit.autotune.crown import _crown
+    from scalekit.autotune.space import Search, Standing
     from scalekit.measure.stats import Interval
 
     def link(label, estimate, accepted, log_se=0.01):
@@ -625,7 +627,7 @@ def test_generation_autotune_starts_from_the_baseline_and_drops_a_slow_choice(mo
 def test_the_real_winner_is_not_slower_than_what_it_measured():
     # the real machine, cheaply: a choice of 8 micro-batches of one row each against the baseline, and nothing else
     from scalekit.autotune import machine_space
-    from scalekit.autotune.search import _ratio, _standing
+    from scalekit.autotune.crown import _ratio, _standing
 
     start = dataclasses.replace(START, toggles={"grad_accum": 8}, steps=6, warmup_steps=1, measure_memory=False)
     space = dataclasses.replace(machine_space(start, CPU), changes=[])

@@ -5,8 +5,9 @@
     result.table()         # the path (each accepted change, its speed-up and memory) and every rejection, why
     result.export("hf")    # the winner as TrainingArguments code (also "accelerate", "lightning")
 
-The search itself (`autotune.search`) is measurement-agnostic; this module gives it the real machine: the
-toggles' own availability and exclusions, the planner for pruning, and `scalekit.run` for measuring.
+The search itself (`autotune.search` and the modules it draws on) is measurement-agnostic; this module gives it
+the real machine: the toggles' own availability and exclusions, the planner for pruning, and `scalekit.run` for
+measuring.
 """
 
 from __future__ import annotations
@@ -22,19 +23,12 @@ from ..plan import estimate
 from ..toggles import TOGGLES
 from ..training.config import RunConfig
 from ..training.engine import run
+from .budget import Deadline
 from .changes import declared_changes
+from .paired import MAX_ROUNDS, MIN_GAIN, MIN_ROUNDS
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import (
-    MAX_ROUNDS,
-    MIN_GAIN,
-    MIN_ROUNDS,
-    Candidate,
-    Deadline,
-    Measurement,
-    SearchSpace,
-    config_key,
-    search,
-)
+from .search import search
+from .space import Candidate, Measurement, SearchSpace, config_key
 
 __all__ = ["autotune", "TuneResult", "Candidate", "Measurement", "SearchSpace", "search", "declared_changes",
            "MIN_GAIN", "MIN_ROUNDS", "MAX_ROUNDS", "run_samples"]

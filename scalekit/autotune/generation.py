@@ -23,9 +23,11 @@ from ..inference import GenerateConfig, generate
 from ..machine.hardware import detect
 from ..measure.stats import run_samples
 from ..toggles import TOGGLES
+from .budget import Deadline
 from .changes import declared_changes
 from .result import TuneResult, check_arguments, config_conflicts
-from .search import Deadline, Measurement, SearchSpace, config_key, search
+from .search import search
+from .space import Measurement, SearchSpace, config_key
 
 MIN_AGREEMENT = 0.95  # default quality floor: greedy tokens equal to the unmodified model's at ≥95% of positions
 

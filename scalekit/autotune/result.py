@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..measure.stats import sentence
 from ..toggles import plan_facts
 from ..training.config import RunConfig
-from .search import Candidate, Search
+from .space import Candidate, Search
 
 
 @dataclasses.dataclass

@@ -3,7 +3,17 @@ picked for the hardware, Before/After tables, the sentence that fits a measureme
 step time (`figures`), and other people's published figures shown beside a reader's own (`published_figures`,
 never used as results)."""
 
-from .chapter import Table, finding, on_gpu, pick, quiet_output, setup_page, show_code, table, what_you_measured
+from .chapter import (
+           Table,
+           finding,
+           on_gpu,
+           pick,
+           quiet_output,
+           setup_page,
+           show_code,
+           table,
+           what_you_measured,
+)
 
 __all__ = ["Table", "finding", "on_gpu", "pick", "quiet_output", "setup_page", "show_code", "table",
            "what_you_measured"]

@@ -47,9 +47,12 @@ from . import (
     vectorized_transforms,
     zero,
 )
-from .base import GROUPS, KINDS, LOOPS, PHASES, BuildContext, OptimizerStep, PlanFacts, Spelling, Toggle, Tune
+from .base import BuildContext, Spelling, Toggle, Tune
+from .facts import PlanFacts
+from .stepper import OptimizerStep
+from .vocabulary import GROUPS, KINDS, LOOPS, PHASES
 
-# Application order (after torchtitan), phase by phase (base.PHASES): process-wide flags first; then the
+# Application order (after torchtitan), phase by phase (vocabulary.PHASES): process-wide flags first; then the
 # precision the run computes in, which the wrappers below read; then the data pipeline; then changes to the
 # model's architecture, made before it is built; then module swaps on the built model (fine-tuning freezes
 # the base, quantizes it and adds adapters; optim's StableEmbedding) and wrappers, innermost first (activation
@@ -106,7 +109,7 @@ TOGGLES: dict[str, Toggle] = {t.name: t for t in ORDER}  # by name, in ORDER; bo
 
 def check_registrable(toggle: Any) -> None:
     """Refuse (ConfigError) what is not a Toggle with a name, a phase and a group: what a subclass sets is checked
-    when it is defined (base.check_declared); this catches what it leaves unset."""
+    when it is defined (vocabulary.check_declared); this catches what it leaves unset."""
     if not isinstance(toggle, Toggle) or not toggle.name or toggle.phase not in PHASES:
         raise ConfigError(f"register: a Toggle with a name and a phase (one of {', '.join(PHASES)}) is needed, "
                           f"got {toggle!r}")

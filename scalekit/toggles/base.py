@@ -1,9 +1,11 @@
-"""The Toggle interface, the phases a run is built in, and the build context toggles act on.
+"""The Toggle interface, the build context toggles act on, and what a toggle declares for autotune (Tune) and
+the frameworks' code (Spelling).
 
 A toggle acts once, at its phase, on a freshly built run: "off" means building again without it, never
 undoing it (torch.compile and FSDP cannot be undone).  Phases run in the order of `PHASES` (the engine
-walks that tuple); toggles within a phase run in the order `scalekit.toggles.ORDER` fixes.  A generation
-(scalekit.inference) walks the same tuple with loop="generate": only toggles whose `loops` hold it act.
+walks that tuple; scalekit.toggles.vocabulary holds it, with the other values a toggle may name); toggles within
+a phase run in the order `scalekit.toggles.ORDER` fixes.  A generation (scalekit.inference) walks the same tuple
+with loop="generate": only toggles whose `loops` hold it act.
 
 Toggles never test each other's names: they meet in the fields of `BuildContext`, each declared below
 with what it means.  The context has slots, so setting a field it does not declare is an error.
@@ -11,7 +13,6 @@ with what it means.  The context has slots, so setting a field it does not decla
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import inspect
 import textwrap
@@ -23,59 +24,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError
+from .source import _called_functions
+from .vocabulary import check_declared
 
 if TYPE_CHECKING:
-    from ..models.pipeline import InFlight
-
-# The phases of a build, in the order the engine runs them.  After the toggles of a phase, the engine
-# builds what that phase is for (training.BUILDERS): after "data" the batches, after "model_config" the
-# model, after "optimizer" the optimizer and its stepper.
-PHASES = (
-    "process",  # process-wide flags (TF32), undone through the run's exit stack
-    "precision",  # the dtypes the run computes in: read by the wrappers of the "wrap" phase
-    "data",  # the input pipeline's options
-    "model_config",  # changes to the built-in GPT's architecture, made before it is built
-    "wrap",  # module swaps and wrappers on the built model, innermost first
-    "optimizer",  # the optimizer's choice and options, before it is built over the final parameters
-    "step",  # per-step behaviour: accumulation, hooks after each step, engines that own the step
-)
-KINDS = ("runtime", "memory", "both")  # what a toggle saves: step time, memory, or both
-LOOPS = ("train", "generate")  # the loops a toggle can apply to
-# The course's groups: the Lab shows one heading per group, in the order its toggles first appear in ORDER.
-GROUPS = (
-    "precision",  # the dtypes matmuls and weights compute in
-    "data",  # the input pipeline
-    "kernels",  # which kernels run the same maths
-    "shapes",  # sizes that suit the hardware's tiles
-    "memory",  # levers that trade time for memory
-    "finetune",  # training a few new or chosen weights of a pretrained model
-    "optimizer",  # the optimizer and how it steps
-    "compile",  # torch.compile
-    "distributed",  # several processes: data, tensor and pipeline parallelism, sharding
-    "inference",  # generation
-)
-
-
-class OptimizerStep:
-    """The backward/step interface the training step calls: plain backward and optimizer.step(), or, with
-    a GradScaler (fp16), the scaled loss's backward and the scaler's step and update."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, grad_scaler: Any = None):
-        self.optimizer = optimizer
-        self.grad_scaler = grad_scaler
-
-    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
-        """Backward of one micro-batch's loss; `boundary` marks the last micro-batch of the step."""
-        (self.grad_scaler.scale(loss) if self.grad_scaler is not None else loss).backward()
-
-    def step(self) -> None:
-        """The optimizer update, then the gradients cleared (set to None: their memory is freed)."""
-        if self.grad_scaler is not None:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    from .facts import PlanFacts
 
 
 @dataclass(slots=True)
@@ -132,34 +85,6 @@ class BuildContext:
     draft: Any = None  # (family, model) of the draft model the speculative loop proposes with, built beside the model
     evaluator: Any = None  # evaluation run between training steps, untimed (RunConfig.eval_every), or None
     notes: list[str] = field(default_factory=list)  # said beside the run's results
-
-
-@dataclass(slots=True)
-class PlanFacts:
-    """What a training step's toggles change in its memory, as the planner (scalekit.plan) needs to know it: each
-    toggle's `plan` sets the fields it changes; the planner reads the fields, never a toggle's name."""
-
-    world_size: int = 1  # ranks the run is planned over (set by the planner before the toggles speak)
-    activation_bytes: int = 4  # bytes per value in autocast regions (bf16, fp16: 2)
-    wrapper_param_bytes: int = 4  # bytes per weight value sharding wrappers gather and compute with (bf16: 2)
-    optimizer: str = "adamw_torch"  # the optimizer built, by optim's names (scalekit.toggles.optim.OPTIMIZERS)
-    checkpointing: int | str | None = None  # every k-th block checkpointed, or "sequential"; None: none
-    micro_batches: int = 1  # micro-batches per optimizer step (the batch split along dim 0)
-    analytic: bool = True  # the built-in GPT's analytic plan covers the run (False: only a trace can tell)
-    quantized_base: str | None = None  # bitsandbytes mode the frozen base's block linears are held in
-    packed_rows: bool = False  # the dataset's documents are packed into full rows (data.packing): trace a packed batch
-    # -- a run over ranks (scalekit.plan.ranks) --
-    grad_buckets: bool = False  # every rank keeps a flat copy of every gradient (DDP's buckets)
-    sharded: frozenset = frozenset()  # parts split over the ranks: of "params", "grads", "state"
-    offloaded: frozenset = frozenset()  # parts kept in host memory (on a GPU): of "params", "grads", "state"
-    gathers_blocks: bool = False  # one block's full weights gathered at a time (two while the next is prefetched)
-    keeps_gathered: bool = False  # every block's full weights stay gathered from its forward to its backward (ZeRO-2)
-    # the mesh's sizes (parallel.mesh_shape of the toggles' mesh_dims), set by the planner before the toggles speak
-    tensor_parallel: int = 1  # ranks each block's linear layers are split over (weights, gradients, state); they share a batch
-    pipeline_stages: int = 1  # stages the blocks are split into, one per rank; every stage sees the whole batch
-    # the micro-batches each stage holds as its backwards begin, from the pipeline's schedule (models.pipeline.InFlight)
-    pipeline_in_flight: InFlight | None = None
-    rank_notes: list[str] = field(default_factory=list)  # how the ranks hold the parts, said beside the plan
 
 
 @dataclass(frozen=True)
@@ -404,49 +329,3 @@ class Toggle:
     def off_spelling(self, target: str, cfg: Any) -> Spelling:
         """What `target`'s code says while the toggle is off, where that must be said (dataloader_num_workers=0)."""
         return Spelling()
-
-
-# class attribute -> the values it may take; a subclass that sets one to anything else fails when it is defined
-DECLARED_VALUES = {"group": GROUPS, "kind": KINDS, "phase": PHASES}
-
-
-def check_declared(cls: type) -> None:
-    """Refuse (ConfigError) a Toggle class that sets `group`, `kind` or `phase` to a value outside its tuple, or
-    `loops` to anything but LOOPS' members, naming the toggle, the field and the allowed values."""
-    who = f"toggle {cls.__dict__['name']!r}" if cls.__dict__.get("name") else f"Toggle subclass {cls.__name__}"
-    for field_name, allowed in DECLARED_VALUES.items():
-        if field_name in cls.__dict__ and cls.__dict__[field_name] not in allowed:
-            raise ConfigError(f"{who}: {field_name}={cls.__dict__[field_name]!r} is not one of "
-                              f"{', '.join(map(repr, allowed))}")
-    loops = cls.__dict__.get("loops", LOOPS)
-    if not loops or any(loop not in LOOPS for loop in loops):
-        raise ConfigError(f"{who}: loops={loops!r} must name one or more of {', '.join(map(repr, LOOPS))}")
-
-
-def _called_functions(cls: type) -> list:
-    """cls.apply, then every function (or class) of its module that it calls, directly or through them, and the
-    functions of scalekit's lower layers (models/, data/) those call, one level deep: the code the toggle runs."""
-    module = inspect.getmodule(cls)
-    seen: list = []
-    todo = [cls.apply]
-    while todo:
-        fn = todo.pop(0)
-        if fn in seen:
-            continue
-        seen.append(fn)
-        home = inspect.getmodule(fn)
-        if home is not module:
-            continue  # a lower layer's function is shown, not followed further
-        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
-            called = node.func if isinstance(node, ast.Call) else None
-            target = getattr(home, called.id, None) if isinstance(called, ast.Name) else None
-            if target is not None and _shown(inspect.getmodule(target), module) and \
-                    (inspect.isfunction(target) or inspect.isclass(target)):
-                todo.append(target)
-    return seen
-
-
-def _shown(where, module) -> bool:
-    """A function of the toggle's own module, or of the layers below the toggles that do a toggle's work."""
-    name = getattr(where, "__name__", "")
-    return where is module or name.startswith(("scalekit.models.", "scalekit.data."))

@@ -179,7 +179,7 @@ class TogglePanel:
             control = ToggleControl(key, widget, tuple(m.name for m in members), choices, off, reasons,
                                     row=w.HBox([widget, note]), note=note, usable=not widget.disabled)
             self.controls[key] = control
-            groups.setdefault(t.group, []).append(control.row)  # one heading per group (base.GROUPS)
+            groups.setdefault(t.group, []).append(control.row)  # one heading per group (toggles.vocabulary.GROUPS)
         self.widget = w.VBox([w.VBox([w.HTML(f"<b>{html.escape(g)}</b>"), *rows]) for g, rows in groups.items()])
         self.widget.add_class("scalekit-toggles")
 

@@ -15,8 +15,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..autotune import autotune
-from ..autotune.search import NothingFits
-from ..errors import plain_error
+from ..errors import NothingFits, plain_error
 
 MB = 2**20
 
