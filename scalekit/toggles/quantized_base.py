@@ -76,4 +76,5 @@ class QuantizedBase(Toggle):
             'model.save_pretrained("base_model")  # quantized_base: Transformers quantizes as it loads a checkpoint',
             f'model = AutoModelForCausalLM.from_pretrained("base_model", quantization_config=BitsAndBytesConfig({bnb}))'))
 
+
 TOGGLE = QuantizedBase()
