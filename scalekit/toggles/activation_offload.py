@@ -9,16 +9,6 @@ import torch
 from .base import BuildContext, Toggle, Tune
 
 
-def offloaded(loss_fn: Callable, pin_memory: bool = True) -> Callable:
-    """`loss_fn(model, batch)` with every tensor its forward saves for backward copied to host memory (pinned, so
-    the copies back to the GPU are direct), freed on the device, and copied back when backward needs it."""
-    def run(model, batch):
-        with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
-            return loss_fn(model, batch)
-
-    return run
-
-
 class ActivationOffload(Toggle):
     name = "activation_offload"
     summary = "saved activations moved to pinned host memory during forward and copied back for backward"
@@ -40,6 +30,16 @@ class ActivationOffload(Toggle):
     def apply(self, ctx: BuildContext, value) -> None:
         ctx.loss_fn = offloaded(ctx.loss_fn, pin_memory=True)  # the step's forward runs inside it
         ctx.notes.append("saved activations offloaded to pinned host memory (torch.autograd.graph.save_on_cpu)")
+
+
+def offloaded(loss_fn: Callable, pin_memory: bool = True) -> Callable:
+    """`loss_fn(model, batch)` with every tensor its forward saves for backward copied to host memory (pinned, so
+    the copies back to the GPU are direct), freed on the device, and copied back when backward needs it."""
+    def run(model, batch):
+        with torch.autograd.graph.save_on_cpu(pin_memory=pin_memory):
+            return loss_fn(model, batch)
+
+    return run
 
 
 TOGGLE = ActivationOffload()

@@ -28,13 +28,13 @@ class BF16(Toggle):
         # sharding wrappers (FSDP2, DeepSpeed) gather and compute with bf16 copies of the fp32 weights
         ctx.wrapper_param_dtype = torch.bfloat16
 
-
     def plan(self, facts, value) -> None:
         facts.activation_bytes = facts.wrapper_param_bytes = 2
 
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"bf16": False}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -47,5 +47,6 @@ class BF16(Toggle):
 
     def off_spelling(self, target, cfg) -> Spelling:
         return Spelling(kwargs={"precision": "'32-true'"}) if target == "lightning" else Spelling()
+
 
 TOGGLE = BF16()

@@ -34,6 +34,111 @@ SAVED_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
                        _aten._scaled_dot_product_flash_attention_for_cpu.default})
 
 
+class Checkpointing(CountToggle):
+    name = "checkpointing"
+    summary = ("activation checkpointing: every block (or every k-th), torch's checkpoint_sequential, or selective "
+               "(matmul outputs kept, the cheap ops recomputed)")
+    cost = "one more forward of each checkpointed block during backward: ≈20% slower (≈⅓ more FLOPs)"
+    helps_when = "activations dominate memory: long sequences, big batches, many layers"
+    group = "memory"
+    kind = "memory"
+    phase = "wrap"
+    default = 1
+    tuning = (Tune(1, rank=130, label="checkpointing (to fit)", memory_only=True),
+              Tune(SELECTIVE, rank=128, label="selective checkpointing (to fit)", memory_only=True))
+    choices = (1, 2, SEQUENTIAL, SELECTIVE)  # offered in the Lab and `scalekit toggles`; any count works
+    unit = "blocks (1: every block, k: every k-th block), 'sequential' or 'selective'"
+
+    def validate(self, value: Any, owner: str = "RunConfig") -> int | str:
+        if value in (SEQUENTIAL, SELECTIVE):
+            return value
+        if value is True or as_count(value) is not None:
+            return super().validate(value, owner)
+        raise ConfigError(f"{owner}.toggles['checkpointing'] must be True (every block), a positive whole "
+                          f"number k (every k-th block), 'sequential' (torch's checkpoint_sequential) or "
+                          f"'selective' (every block, its matmul outputs kept); got {value!r}")
+
+    def apply(self, ctx: BuildContext, value: int | str) -> None:
+        blocks = ctx.blocks  # found once for the run by scalekit.models.blocks.find_blocks
+        if blocks is None:
+            raise ToggleUnavailable("checkpointing needs repeated blocks: your model has no nn.ModuleList or "
+                                    "nn.Sequential to checkpoint")
+        adapter = ctx.model_adapter  # a model family with its own way to checkpoint (Hugging Face), or None
+        if value == SELECTIVE:  # scalekit wraps every block itself, with the policy as its context_fn
+            checkpoint_every(blocks, 1, selective=True)
+            ctx.notes.append(f"selective checkpointing of {len(blocks)} blocks: matmul and attention outputs kept")
+            return
+        if value == SEQUENTIAL:
+            ok, why = adapter.sequential_checkpoint_support() if adapter is not None else (True, "")
+            if not ok:
+                raise ToggleUnavailable(f"checkpointing='sequential': {why}")
+            segments = min(sequential_segments(len(blocks)), len(blocks))
+            checkpoint_all_sequential(blocks, segments)
+            ctx.notes.append(f"checkpoint_sequential: {len(blocks)} blocks in {segments} segments "
+                             f"(the last one not checkpointed)")
+            return
+        if value > len(blocks):
+            raise ConfigError(f"RunConfig.toggles['checkpointing']={value}: the model has only {len(blocks)} "
+                              f"blocks, so no block is a multiple of {value}; allowed: 1 to {len(blocks)}")
+        own = adapter.checkpoint(ctx.base_model, value) if adapter is not None else None
+        if own is not None:  # done the family's way (Hugging Face: activation_checkpointing_enable)
+            ctx.notes.append(own)
+            return
+        chosen = checkpoint_every(blocks, value)
+        if value > 1:
+            ctx.notes.append(f"checkpointing {len(chosen)} of {len(blocks)} blocks")
+
+
+    def plan(self, facts, value: int | str) -> None:
+        facts.checkpointing = value
+        if value == SELECTIVE:  # what the policy keeps depends on the ops each block dispatches: traced
+            facts.analytic = False
+
+    def traced(self, value) -> bool:
+        return True
+
+    # Framework spellings: Trainer arguments, accelerate, Lightning
+    training_fields = {"activation_checkpointing": None, "activation_checkpointing_kwargs": None,
+                       "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None}
+
+    def from_training_arguments(self, fields, notes) -> int | None:
+        act, grad = (bool_or_none("TrainingArguments", n, fields[n]) for n in ("activation_checkpointing",
+                                                                               "gradient_checkpointing"))
+        act_kwargs, grad_kwargs = (dict_or_none("TrainingArguments", f"{n}_kwargs", fields[f"{n}_kwargs"])
+                                   for n in ("activation_checkpointing", "gradient_checkpointing"))
+        if not (act if act is not None else grad):  # the newer field wins where both are given
+            return None
+        name = "activation_checkpointing_kwargs" if act_kwargs or not grad_kwargs else "gradient_checkpointing_kwargs"
+        kwargs = act_kwargs or grad_kwargs
+        every = int_in("TrainingArguments", f"{name}['every_n_layers']", kwargs.pop("every_n_layers", 1), 1, 2**20)
+        reentrant = kwargs.pop("use_reentrant", False)
+        check_bool("TrainingArguments", f"{name}['use_reentrant']", reentrant)
+        if reentrant:
+            notes.append("checkpointing: use_reentrant=True not mapped: scalekit checkpoints with use_reentrant=False")
+        if kwargs:
+            notes.append(f"{name} not mapped: {kwargs}")
+        return every
+
+    def spelling(self, target, value, cfg) -> Spelling:
+        if value == SELECTIVE:
+            why = "selective checkpointing needs a policy function (context_fn), which the framework's switch cannot take"
+            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
+        if value == SEQUENTIAL:
+            why = ("torch's checkpoint_sequential passes one tensor from block to block, and a Transformers model's blocks "
+                   "also take masks and positions")
+            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
+        own, why = own_model_on_meta(getattr(cfg, "model", None))
+        if own is not None or why:
+            return own_model_spelling(target, value, own, why)
+        name = checkpointing_field()
+        if target == "hf":
+            return Spelling(kwargs={name: True, f"{name}_kwargs": {"use_reentrant": False,
+                                                                 **({"every_n_layers": value} if value != 1 else {})}})
+        if target == "lightning":
+            return Spelling(wrap=(enable_line("self.model", value),))
+        return Spelling(model=(enable_line("model", value),))
+
+
 def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """The selective policy: keep what SAVED_OPS compute, recompute the cheap rest."""
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
@@ -117,108 +222,5 @@ def own_model_spelling(target: str, every: int, model, why: str) -> Spelling:
         return Spelling(imports=imports, wrap=tuple(line.replace("{model}", "self.model") for line in lines))
     return Spelling(imports=imports, model=tuple(line.replace("{model}", "model") for line in lines))
 
-
-class Checkpointing(CountToggle):
-    name = "checkpointing"
-    summary = ("activation checkpointing: every block (or every k-th), torch's checkpoint_sequential, or selective "
-               "(matmul outputs kept, the cheap ops recomputed)")
-    cost = "one more forward of each checkpointed block during backward: ≈20% slower (≈⅓ more FLOPs)"
-    helps_when = "activations dominate memory: long sequences, big batches, many layers"
-    group = "memory"
-    kind = "memory"
-    phase = "wrap"
-    default = 1
-    tuning = (Tune(1, rank=130, label="checkpointing (to fit)", memory_only=True),
-              Tune(SELECTIVE, rank=128, label="selective checkpointing (to fit)", memory_only=True))
-    choices = (1, 2, SEQUENTIAL, SELECTIVE)  # offered in the Lab and `scalekit toggles`; any count works
-    unit = "blocks (1: every block, k: every k-th block), 'sequential' or 'selective'"
-
-    def validate(self, value: Any, owner: str = "RunConfig") -> int | str:
-        if value in (SEQUENTIAL, SELECTIVE):
-            return value
-        if value is True or as_count(value) is not None:
-            return super().validate(value, owner)
-        raise ConfigError(f"{owner}.toggles['checkpointing'] must be True (every block), a positive whole "
-                          f"number k (every k-th block), 'sequential' (torch's checkpoint_sequential) or "
-                          f"'selective' (every block, its matmul outputs kept); got {value!r}")
-
-    def apply(self, ctx: BuildContext, value: int | str) -> None:
-        blocks = ctx.blocks  # found once for the run by scalekit.models.blocks.find_blocks
-        if blocks is None:
-            raise ToggleUnavailable("checkpointing needs repeated blocks: your model has no nn.ModuleList or "
-                                    "nn.Sequential to checkpoint")
-        adapter = ctx.model_adapter  # a model family with its own way to checkpoint (Hugging Face), or None
-        if value == SELECTIVE:  # scalekit wraps every block itself, with the policy as its context_fn
-            checkpoint_every(blocks, 1, selective=True)
-            ctx.notes.append(f"selective checkpointing of {len(blocks)} blocks: matmul and attention outputs kept")
-            return
-        if value == SEQUENTIAL:
-            ok, why = adapter.sequential_checkpoint_support() if adapter is not None else (True, "")
-            if not ok:
-                raise ToggleUnavailable(f"checkpointing='sequential': {why}")
-            segments = min(sequential_segments(len(blocks)), len(blocks))
-            checkpoint_all_sequential(blocks, segments)
-            ctx.notes.append(f"checkpoint_sequential: {len(blocks)} blocks in {segments} segments "
-                             f"(the last one not checkpointed)")
-            return
-        if value > len(blocks):
-            raise ConfigError(f"RunConfig.toggles['checkpointing']={value}: the model has only {len(blocks)} "
-                              f"blocks, so no block is a multiple of {value}; allowed: 1 to {len(blocks)}")
-        own = adapter.checkpoint(ctx.base_model, value) if adapter is not None else None
-        if own is not None:  # done the family's way (Hugging Face: activation_checkpointing_enable)
-            ctx.notes.append(own)
-            return
-        chosen = checkpoint_every(blocks, value)
-        if value > 1:
-            ctx.notes.append(f"checkpointing {len(chosen)} of {len(blocks)} blocks")
-
-
-    def plan(self, facts, value: int | str) -> None:
-        facts.checkpointing = value
-        if value == SELECTIVE:  # what the policy keeps depends on the ops each block dispatches: traced
-            facts.analytic = False
-
-    def traced(self, value) -> bool:
-        return True
-
-    training_fields = {"activation_checkpointing": None, "activation_checkpointing_kwargs": None,
-                       "gradient_checkpointing": None, "gradient_checkpointing_kwargs": None}
-
-    def from_training_arguments(self, fields, notes) -> int | None:
-        act, grad = (bool_or_none("TrainingArguments", n, fields[n]) for n in ("activation_checkpointing",
-                                                                               "gradient_checkpointing"))
-        act_kwargs, grad_kwargs = (dict_or_none("TrainingArguments", f"{n}_kwargs", fields[f"{n}_kwargs"])
-                                   for n in ("activation_checkpointing", "gradient_checkpointing"))
-        if not (act if act is not None else grad):  # the newer field wins where both are given
-            return None
-        name = "activation_checkpointing_kwargs" if act_kwargs or not grad_kwargs else "gradient_checkpointing_kwargs"
-        kwargs = act_kwargs or grad_kwargs
-        every = int_in("TrainingArguments", f"{name}['every_n_layers']", kwargs.pop("every_n_layers", 1), 1, 2**20)
-        reentrant = kwargs.pop("use_reentrant", False)
-        check_bool("TrainingArguments", f"{name}['use_reentrant']", reentrant)
-        if reentrant:
-            notes.append("checkpointing: use_reentrant=True not mapped: scalekit checkpoints with use_reentrant=False")
-        if kwargs:
-            notes.append(f"{name} not mapped: {kwargs}")
-        return every
-
-    def spelling(self, target, value, cfg) -> Spelling:
-        if value == SELECTIVE:
-            why = "selective checkpointing needs a policy function (context_fn), which the framework's switch cannot take"
-            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
-        if value == SEQUENTIAL:
-            why = ("torch's checkpoint_sequential passes one tensor from block to block, and a Transformers model's blocks "
-                   "also take masks and positions")
-            return Spelling(missing=f"has no TrainingArguments field: {why}" if target == "hf" else why)
-        own, why = own_model_on_meta(getattr(cfg, "model", None))
-        if own is not None or why:
-            return own_model_spelling(target, value, own, why)
-        name = checkpointing_field()
-        if target == "hf":
-            return Spelling(kwargs={name: True, f"{name}_kwargs": {"use_reentrant": False,
-                                                                 **({"every_n_layers": value} if value != 1 else {})}})
-        if target == "lightning":
-            return Spelling(wrap=(enable_line("self.model", value),))
-        return Spelling(model=(enable_line("model", value),))
 
 TOGGLE = Checkpointing()

@@ -12,10 +12,6 @@ from .counted import as_count
 LIGER = "liger"
 
 
-def liger_installed() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
-
-
 class ChunkedCrossEntropy(Toggle):
     name = "chunked_cross_entropy"
     summary = "the lm head and the loss chunk by chunk: the (batch × seq × vocab) logits never exist at once"
@@ -69,6 +65,10 @@ class ChunkedCrossEntropy(Toggle):
 
     def traced(self, value) -> bool:
         return value != LIGER  # Triton kernels cannot run on fake tensors
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
 
 
 TOGGLE = ChunkedCrossEntropy()

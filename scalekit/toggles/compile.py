@@ -20,34 +20,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 REGIONAL = "regional"  # each repeated block compiled (one graph reused by every block), not the whole model
 
 
-def compile_blocks(blocks) -> None:
-    """Compile each block in place (nn.Module.compile: its names, state_dict and hooks unchanged).  Blocks of one
-    class share their code, and dynamo treats their weights as inputs, so the first block's graph serves the rest."""
-    for block in blocks:
-        block.compile()
-
-
-def ways_out(mode: str, has_blocks: bool) -> str:
-    """The other ways to run a model whose compile failed in `mode`: a gentler mode, and no compile at all."""
-    others = [m for m in ("default", REGIONAL) if m != mode and (m != REGIONAL or has_blocks)]
-    return f"try {' or '.join(f'compile={m!r}' for m in others)}, or run without compile"
-
-
-def said_in_one_line(mode: str, model_name: str, has_blocks: bool):
-    """An exit callback for the run's stack: a failure torch.compile raised while the run unwinds (compiling, or at
-    a compiled call, in training or generation) is raised again as CompileFailed, in one line naming the mode, the
-    model's class and the way out, torch's exception chained beneath it for whoever debugs torch."""
-
-    def translate(exc_type, exc, tb) -> bool:
-        failure = compile_failure_in(exc)
-        if failure is None or is_out_of_memory(exc):  # not compile's, or memory: said as what it is
-            return False
-        raise CompileFailed(f"compile={mode!r} failed on {model_name}: torch.compile raised "
-                            f"{torch_compile_says(failure)}; {ways_out(mode, has_blocks)}") from exc
-
-    return translate
-
-
 class Compile(Toggle):
     name = "compile"
     summary = "torch.compile the model: fused kernels, fewer trips to memory"
@@ -89,6 +61,7 @@ class Compile(Toggle):
             ctx.model = torch.compile(ctx.model, mode=value)
         ctx.compiled = True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"torch_compile": False, "torch_compile_mode": None, "torch_compile_backend": None}
 
     def from_training_arguments(self, fields, notes) -> str | None:
@@ -116,6 +89,34 @@ class Compile(Toggle):
             return Spelling(kwargs={"dynamo_plugin": f'TorchDynamoPlugin(backend="inductor", mode={mode!r})'},
                             imports=("from accelerate.utils import TorchDynamoPlugin",))
         return Spelling(wrap=(f"self.model = torch.compile(self.model, mode={mode!r})",))
+
+
+def compile_blocks(blocks) -> None:
+    """Compile each block in place (nn.Module.compile: its names, state_dict and hooks unchanged).  Blocks of one
+    class share their code, and dynamo treats their weights as inputs, so the first block's graph serves the rest."""
+    for block in blocks:
+        block.compile()
+
+
+def ways_out(mode: str, has_blocks: bool) -> str:
+    """The other ways to run a model whose compile failed in `mode`: a gentler mode, and no compile at all."""
+    others = [m for m in ("default", REGIONAL) if m != mode and (m != REGIONAL or has_blocks)]
+    return f"try {' or '.join(f'compile={m!r}' for m in others)}, or run without compile"
+
+
+def said_in_one_line(mode: str, model_name: str, has_blocks: bool):
+    """An exit callback for the run's stack: a failure torch.compile raised while the run unwinds (compiling, or at
+    a compiled call, in training or generation) is raised again as CompileFailed, in one line naming the mode, the
+    model's class and the way out, torch's exception chained beneath it for whoever debugs torch."""
+
+    def translate(exc_type, exc, tb) -> bool:
+        failure = compile_failure_in(exc)
+        if failure is None or is_out_of_memory(exc):  # not compile's, or memory: said as what it is
+            return False
+        raise CompileFailed(f"compile={mode!r} failed on {model_name}: torch.compile raised "
+                            f"{torch_compile_says(failure)}; {ways_out(mode, has_blocks)}") from exc
+
+    return translate
 
 
 TOGGLE = Compile()

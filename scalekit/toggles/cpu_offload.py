@@ -37,6 +37,7 @@ class CPUOffload(Toggle):
         facts.offloaded = frozenset(("params", "grads", "state"))
         facts.rank_notes.append("cpu_offload keeps the shards in host memory")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"fsdp": None, "fsdp_config": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -54,5 +55,6 @@ class CPUOffload(Toggle):
         return {"hf": Spelling(kwargs={"fsdp_config": {"cpu_offload": True}}),
                 "accelerate": Spelling(kwargs={"fsdp_plugin": Call("FullyShardedDataParallelPlugin", {"cpu_offload": "True"})}),
                 "lightning": Spelling(kwargs={"strategy": Call("FSDPStrategy", {"cpu_offload": "True"})})}[target]
+
 
 TOGGLE = CPUOffload()

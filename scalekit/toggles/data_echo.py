@@ -8,13 +8,6 @@ from .base import BuildContext, Spelling
 from .counted import CountToggle
 
 
-def echo_batches(batches: Iterator, k: int) -> Iterator:
-    """Every batch of `batches`, k times in a row: the pipeline upstream is asked 1/k as often."""
-    for batch in batches:
-        for _ in range(k):
-            yield batch
-
-
 class DataEcho(CountToggle):
     name = "data_echo"
     summary = "data echoing: each fetched batch is used for k optimizer steps before the next is fetched"
@@ -36,8 +29,17 @@ class DataEcho(CountToggle):
         # batch echoing, after the device copy: the echoed steps neither fetch nor copy again
         ctx.batch_wrappers.append(lambda batches: echo_batches(batches, k))
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(missing="no framework has a switch to use each fetched batch for k steps (it would be a "
                                 "wrapper around your DataLoader)")
+
+
+def echo_batches(batches: Iterator, k: int) -> Iterator:
+    """Every batch of `batches`, k times in a row: the pipeline upstream is asked 1/k as often."""
+    for batch in batches:
+        for _ in range(k):
+            yield batch
+
 
 TOGGLE = DataEcho()

@@ -42,6 +42,7 @@ class DataloaderNumWorkers(CountToggle):
             ctx.notes.append(f"{workers} data worker{'s' * (workers > 1)} and {threads} compute "
                              f"thread{'s' * (threads > 1)} share {cores} core{'s' * (cores > 1)}")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"dataloader_num_workers": 0}
 
     def from_training_arguments(self, fields, notes) -> int | None:

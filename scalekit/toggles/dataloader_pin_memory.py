@@ -28,6 +28,7 @@ class DataloaderPinMemory(Toggle):
         # the DataLoader pins each batch in a thread of the training process, after the workers made it
         ctx.loader_kwargs["pin_memory"] = True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"dataloader_pin_memory": True, "use_cpu": False}
 
     def from_training_arguments(self, fields, notes) -> bool | None:

@@ -38,6 +38,7 @@ class DDP(Toggle):
         facts.rank_notes.append("ddp: every rank keeps the whole model, its gradients and optimizer state, plus "
                                 "gradient buckets (a flat copy of every gradient)")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"fsdp": None, "deepspeed": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -49,5 +50,6 @@ class DDP(Toggle):
                 "accelerate": Spelling(notes=("ddp: Accelerate runs DistributedDataParallel in notebook_launcher's "
                                               "processes",)),
                 "lightning": Spelling(kwargs={"strategy": "'ddp'"})}[target]
+
 
 TOGGLE = DDP()

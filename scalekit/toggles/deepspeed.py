@@ -13,42 +13,6 @@ from .base import BuildContext, Spelling, Toggle
 MODES = ("zero2", "zero1", "zero3", "zero1-offload", "zero2-offload", "zero3-offload")
 
 
-def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
-    """DeepSpeed's config for a ZeRO mode; accumulation is scalekit's (see DeepSpeedStep), so DeepSpeed's is 1."""
-    stage = int(mode[4])
-    zero: dict = {"stage": stage}
-    if mode.endswith("-offload"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if stage == 3:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    # gradient_clipping 0: DeepSpeed clips gradients to a global norm of 1.0 unless told otherwise (its
-    # GRADIENT_CLIPPING_DEFAULT), which no other run in scalekit does; with it the ranks trained apart from one
-    # process (losses 8e-4 apart by the third step, at stage 0 too: a rescaled gradient moves Adam's update)
-    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-            "train_batch_size": micro_batch * ranks, "zero_optimization": zero, "bf16": {"enabled": bf16},
-            "gradient_clipping": 0.0,
-            "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
-            "steps_per_print": 2**31 - 1}
-
-
-class DeepSpeedStep:
-    """The run's stepper when DeepSpeed owns the step: backward and step go through its engine.
-
-    The training step calls backward once per micro-batch (the loss already divided by their number) and
-    step once; the last micro-batch is DeepSpeed's accumulation boundary, so it reduces gradients there.
-    """
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def backward(self, loss, boundary: bool) -> None:
-        self.engine.set_gradient_accumulation_boundary(boundary)
-        self.engine.backward(loss)
-
-    def step(self) -> None:
-        self.engine.step()  # the update and clearing the gradients, both DeepSpeed's
-
-
 class DeepSpeed(Toggle):
     name = "deepspeed"
     summary = "DeepSpeed ZeRO: stage 1 shards optimizer state, 2 also gradients, 3 also weights; -offload to CPU"
@@ -103,6 +67,7 @@ class DeepSpeed(Toggle):
             note += "; the optimizer state" + (" and weights" if stage == 3 else "") + " in host memory"
         facts.rank_notes.append(note)
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"deepspeed": None, "fsdp": None}
 
     def from_training_arguments(self, fields, notes) -> str | None:
@@ -135,5 +100,42 @@ class DeepSpeed(Toggle):
             return Spelling(kwargs={"deepspeed_plugin": f"DeepSpeedPlugin(zero_stage={stage}{where})"},
                             imports=("from accelerate.utils import DeepSpeedPlugin",))
         return Spelling(kwargs={"strategy": repr(f"deepspeed_stage_{stage}" + ("_offload" if offload else ""))})
+
+
+def ds_config(mode: str, micro_batch: int, ranks: int, bf16: bool) -> dict:
+    """DeepSpeed's config for a ZeRO mode; accumulation is scalekit's (see DeepSpeedStep), so DeepSpeed's is 1."""
+    stage = int(mode[4])
+    zero: dict = {"stage": stage}
+    if mode.endswith("-offload"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # gradient_clipping 0: DeepSpeed clips gradients to a global norm of 1.0 unless told otherwise (its
+    # GRADIENT_CLIPPING_DEFAULT), which no other run in scalekit does; with it the ranks trained apart from one
+    # process (losses 8e-4 apart by the third step, at stage 0 too: a rescaled gradient moves Adam's update)
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+            "train_batch_size": micro_batch * ranks, "zero_optimization": zero, "bf16": {"enabled": bf16},
+            "gradient_clipping": 0.0,
+            "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 2**31 - 1}
+
+
+class DeepSpeedStep:
+    """The run's stepper when DeepSpeed owns the step: backward and step go through its engine.
+
+    The training step calls backward once per micro-batch (the loss already divided by their number) and
+    step once; the last micro-batch is DeepSpeed's accumulation boundary, so it reduces gradients there.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def backward(self, loss, boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()  # the update and clearing the gradients, both DeepSpeed's
+
 
 TOGGLE = DeepSpeed()

@@ -27,6 +27,7 @@ class DropLast(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"dataloader_drop_last": False}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -38,5 +39,6 @@ class DropLast(Toggle):
 
     def off_spelling(self, target, cfg) -> Spelling:
         return Spelling(kwargs={"dataloader_drop_last": False}) if target == "hf" else Spelling()
+
 
 TOGGLE = DropLast()

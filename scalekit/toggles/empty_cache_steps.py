@@ -36,6 +36,7 @@ class EmptyCacheSteps(CountToggle):
 
         ctx.after_step.append(empty_cache)
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"torch_empty_cache_steps": None}
 
     def from_training_arguments(self, fields, notes) -> int | None:

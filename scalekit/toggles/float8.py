@@ -14,23 +14,6 @@ MIN_CAPABILITY = (8, 9)  # Ada (sm_89), Hopper (sm_90), Blackwell: the GPUs with
 MULTIPLE = 16  # float8 matmuls (torch._scaled_mm) need both dimensions of a weight to be multiples of 16
 
 
-def float8_linears(model) -> set[str]:
-    """Qualified names of the blocks' nn.Linear layers float8 can take (both dimensions multiples of 16)."""
-    modules = dict(model.named_modules())
-    return {n for n in block_linears(model)
-            if modules[n].in_features % MULTIPLE == 0 and modules[n].out_features % MULTIPLE == 0}
-
-
-def to_float8(model, emulate: bool = False, device_type: str = "cuda") -> int:
-    """Swap the blocks' linears for torchao's Float8Linear in place (emulate: float8 numerics in fp32 matmuls, for
-    a CPU); returns how many."""
-    names = float8_linears(model)
-    f8 = quiet_import("torchao.float8", device_type)
-    f8.convert_to_float8_training(model, config=f8.Float8LinearConfig(emulate=emulate),
-                                  module_filter_fn=lambda module, fqn: fqn in names)
-    return len(names)
-
-
 class Float8(Toggle):
     name = "float8"
     summary = "float8 training (torchao convert_to_float8_training): the blocks' matmuls in float8 with dynamic scales"
@@ -68,10 +51,28 @@ class Float8(Toggle):
                              "pairs float8 with bf16)")
         ctx.notes.append(f"float8: {n} linear layers compute in float8")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(imports=("from torchao.float8 import convert_to_float8_training",),
                         model=("convert_to_float8_training(model)  # torchao: every nn.Linear with sizes divisible by 16",),
                         gpu_only=True)
+
+
+def float8_linears(model) -> set[str]:
+    """Qualified names of the blocks' nn.Linear layers float8 can take (both dimensions multiples of 16)."""
+    modules = dict(model.named_modules())
+    return {n for n in block_linears(model)
+            if modules[n].in_features % MULTIPLE == 0 and modules[n].out_features % MULTIPLE == 0}
+
+
+def to_float8(model, emulate: bool = False, device_type: str = "cuda") -> int:
+    """Swap the blocks' linears for torchao's Float8Linear in place (emulate: float8 numerics in fp32 matmuls, for
+    a CPU); returns how many."""
+    names = float8_linears(model)
+    f8 = quiet_import("torchao.float8", device_type)
+    f8.convert_to_float8_training(model, config=f8.Float8LinearConfig(emulate=emulate),
+                                  module_filter_fn=lambda module, fqn: fqn in names)
+    return len(names)
 
 
 TOGGLE = Float8()

@@ -30,6 +30,7 @@ class FP16(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"fp16": False}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -42,5 +43,6 @@ class FP16(Toggle):
 
     def off_spelling(self, target, cfg) -> Spelling:
         return Spelling(kwargs={"precision": "'32-true'"}) if target == "lightning" else Spelling()
+
 
 TOGGLE = FP16()

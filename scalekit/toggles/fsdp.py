@@ -14,27 +14,6 @@ from ..errors import ConfigError
 from .base import BuildContext, Call, Spelling, Toggle
 
 
-def fsdp_kwargs(ctx: BuildContext) -> dict:
-    """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
-    # on the run's mesh (pipeline and tensor parallel dimensions beside) FSDP shards over its data-parallel
-    # dimension, as torchtitan does; alone, over every rank
-    mesh = ctx.mesh["dp"] if ctx.mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
-    return shard_kwargs(ctx, mesh=mesh)
-
-
-def fsdp_fields(fields) -> tuple[list[str], dict] | None:
-    """TrainingArguments' fsdp options and fsdp_config (a JSON file's path is not read: {}), checked; None: no fsdp."""
-    fsdp, config = fields["fsdp"], fields["fsdp_config"]
-    if fsdp is not None and not isinstance(fsdp, (bool, str)) and not (
-            isinstance(fsdp, list) and all(isinstance(x, str) for x in fsdp)):
-        raise ConfigError(f"TrainingArguments.fsdp must be None, True, or FSDP options as a string ('full_shard "
-                          f"offload') or a list of them, got {fsdp!r}")
-    config = {} if isinstance(config, str) else dict_or_none("TrainingArguments", "fsdp_config", config)
-    if not fsdp:
-        return None
-    return (fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else []), config
-
-
 class FSDP(Toggle):
     name = "fsdp"
     summary = "FSDP2 fully_shard per block and on the root: weights, grads and optimizer state split across ranks"
@@ -83,6 +62,7 @@ class FSDP(Toggle):
                                    f"rank, one block's full weights gathered at a time (two while the next is "
                                    f"prefetched) and one block's gradients reduce-scattered")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"fsdp": None, "fsdp_config": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -106,5 +86,27 @@ class FSDP(Toggle):
                         imports=("from lightning.pytorch.strategies import FSDPStrategy",),
                         notes=("Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel); scalekit's fsdp is FSDP2 "
                                "(fully_shard: Lightning's ModelParallelStrategy)",))
+
+
+def fsdp_kwargs(ctx: BuildContext) -> dict:
+    """fully_shard's options for this run: the mesh, mixed precision, CPU offload (read from the context)."""
+    # on the run's mesh (pipeline and tensor parallel dimensions beside) FSDP shards over its data-parallel
+    # dimension, as torchtitan does; alone, over every rank
+    mesh = ctx.mesh["dp"] if ctx.mesh is not None else init_device_mesh(ctx.device.type, (ctx.world_size,))
+    return shard_kwargs(ctx, mesh=mesh)
+
+
+def fsdp_fields(fields) -> tuple[list[str], dict] | None:
+    """TrainingArguments' fsdp options and fsdp_config (a JSON file's path is not read: {}), checked; None: no fsdp."""
+    fsdp, config = fields["fsdp"], fields["fsdp_config"]
+    if fsdp is not None and not isinstance(fsdp, (bool, str)) and not (
+            isinstance(fsdp, list) and all(isinstance(x, str) for x in fsdp)):
+        raise ConfigError(f"TrainingArguments.fsdp must be None, True, or FSDP options as a string ('full_shard "
+                          f"offload') or a list of them, got {fsdp!r}")
+    config = {} if isinstance(config, str) else dict_or_none("TrainingArguments", "fsdp_config", config)
+    if not fsdp:
+        return None
+    return (fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, list) else []), config
+
 
 TOGGLE = FSDP()

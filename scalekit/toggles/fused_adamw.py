@@ -24,10 +24,12 @@ class FusedAdamW(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         if target == "hf":  # TrainingArguments' name for it, read back as optim='adamw_torch_fused'; torch's decay
             return Spelling(kwargs={"optim": "adamw_torch_fused", "weight_decay": 0.01})
         params = "self.parameters()" if target == "lightning" else "model.parameters()"
         return Spelling(optimizer=f"torch.optim.AdamW({params}, lr={cfg.lr!r}, fused=True)")
+
 
 TOGGLE = FusedAdamW()

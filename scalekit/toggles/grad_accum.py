@@ -38,6 +38,7 @@ class GradAccum(CountToggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"gradient_accumulation_steps": 1}
 
     def from_training_arguments(self, fields, notes) -> int | None:
@@ -52,5 +53,6 @@ class GradAccum(CountToggle):
 
     def off_spelling(self, target, cfg) -> Spelling:
         return self.spelling(target, 1, cfg)  # said even at 1: the per-device batch is read with it
+
 
 TOGGLE = GradAccum()

@@ -9,33 +9,6 @@ from ..models.blocks import find_blocks
 from .base import BuildContext, Spelling, Toggle
 
 
-def output_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
-    """The model's output layer: its `lm_head` (the built-in GPT, nanoGPT, Hugging Face causal LMs), else the
-    last nn.Linear outside its repeated blocks."""
-    head = getattr(model, "lm_head", None)
-    if isinstance(head, torch.nn.Linear):
-        return "lm_head", head
-    blocks = find_blocks(model)
-    inside = {id(m) for b in (blocks or []) for m in b.modules()}
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
-    if not linears:
-        raise ToggleUnavailable("head_only needs an output layer: the model has no lm_head and no nn.Linear outside "
-                                "its repeated blocks")
-    return linears[-1]
-
-
-def new_head(old: torch.nn.Linear) -> torch.nn.Linear:
-    """A fresh nn.Linear of the same shape starting from the old weights, not shared with anything (the
-    built-in GPT ties lm_head to the token embedding, which stays frozen)."""
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=old.bias is not None,
-                           device=old.weight.device, dtype=old.weight.dtype)
-    with torch.no_grad():
-        head.weight.copy_(old.weight)
-        if old.bias is not None:
-            head.bias.copy_(old.bias)
-    return head
-
-
 class HeadOnly(Toggle):
     name = "head_only"
     summary = "freeze the body, train a new output layer (a copy of the old one, untied from the embedding)"
@@ -64,6 +37,7 @@ class HeadOnly(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, value, cfg) -> Spelling:
@@ -73,5 +47,33 @@ class HeadOnly(Toggle):
             "    p.requires_grad_(False)",
             "model.set_output_embeddings(copy.deepcopy(model.get_output_embeddings()).requires_grad_(True))",
             "model.config.tie_word_embeddings = False"))
+
+
+def output_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
+    """The model's output layer: its `lm_head` (the built-in GPT, nanoGPT, Hugging Face causal LMs), else the
+    last nn.Linear outside its repeated blocks."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, torch.nn.Linear):
+        return "lm_head", head
+    blocks = find_blocks(model)
+    inside = {id(m) for b in (blocks or []) for m in b.modules()}
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
+    if not linears:
+        raise ToggleUnavailable("head_only needs an output layer: the model has no lm_head and no nn.Linear outside "
+                                "its repeated blocks")
+    return linears[-1]
+
+
+def new_head(old: torch.nn.Linear) -> torch.nn.Linear:
+    """A fresh nn.Linear of the same shape starting from the old weights, not shared with anything (the
+    built-in GPT ties lm_head to the token embedding, which stays frozen)."""
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=old.bias is not None,
+                           device=old.weight.device, dtype=old.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        if old.bias is not None:
+            head.bias.copy_(old.bias)
+    return head
+
 
 TOGGLE = HeadOnly()

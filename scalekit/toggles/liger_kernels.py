@@ -16,23 +16,6 @@ PATCHES = {"llama": "apply_liger_kernel_to_llama", "mistral": "apply_liger_kerne
 KERNELS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
 
 
-def patch(model, architecture: str, stack) -> None:
-    """Liger's kernels into `model` (its modules and forward); Liger also rewrites transformers' modeling module
-    for the whole process: what it replaced there is put back when the run ends (`stack`)."""
-    modeling = sys.modules[type(model).__module__]
-    saved_module, saved_forward = dict(vars(modeling)), type(model).forward
-
-    def restore() -> None:
-        for key, value in saved_module.items():
-            if getattr(modeling, key, None) is not value:
-                setattr(modeling, key, value)
-        type(model).forward = saved_forward
-
-    stack.callback(restore)
-    liger = quiet_import("liger_kernel.transformers", "cuda")
-    getattr(liger, PATCHES[architecture])(model=model, **KERNELS)
-
-
 class LigerKernels(Toggle):
     name = "liger_kernels"
     summary = "Liger-Kernel's fused RMSNorm, RoPE, SwiGLU and linear cross-entropy on a Hugging Face Llama-family model"
@@ -71,6 +54,7 @@ class LigerKernels(Toggle):
         patch(ctx.base_model, adapter.architecture, ctx.stack)
         ctx.notes.append("liger_kernels: fused RMSNorm, RoPE, SwiGLU and linear cross-entropy (Liger-Kernel)")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, value, cfg) -> Spelling:
@@ -78,6 +62,23 @@ class LigerKernels(Toggle):
             return Spelling(kwargs={"use_liger_kernel": True}, gpu_only=True)
         return Spelling(imports=("from liger_kernel.transformers import _apply_liger_kernel_to_instance",),
                         model=("_apply_liger_kernel_to_instance(model=model)  # Liger-Kernel, GPU only",), gpu_only=True)
+
+
+def patch(model, architecture: str, stack) -> None:
+    """Liger's kernels into `model` (its modules and forward); Liger also rewrites transformers' modeling module
+    for the whole process: what it replaced there is put back when the run ends (`stack`)."""
+    modeling = sys.modules[type(model).__module__]
+    saved_module, saved_forward = dict(vars(modeling)), type(model).forward
+
+    def restore() -> None:
+        for key, value in saved_module.items():
+            if getattr(modeling, key, None) is not value:
+                setattr(modeling, key, value)
+        type(model).forward = saved_forward
+
+    stack.callback(restore)
+    liger = quiet_import("liger_kernel.transformers", "cuda")
+    getattr(liger, PATCHES[architecture])(model=model, **KERNELS)
 
 
 TOGGLE = LigerKernels()

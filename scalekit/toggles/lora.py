@@ -34,6 +34,7 @@ class LoRA(CountToggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, rank: int, cfg) -> Spelling:
         imports, lines, notes = peft_code(rank, use_dora=False, cfg=cfg)
         return Spelling(imports=imports, model=lines, notes=notes)

@@ -8,10 +8,6 @@ VOCAB_MULTIPLE = 64
 SHAPE_MULTIPLE = 8
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 class NiceNumbers(Toggle):
     name = "nice_numbers"
     summary = "vocab padded to a multiple of 64 (50257 → 50304); batch and sequence checked against 8"
@@ -45,10 +41,16 @@ class NiceNumbers(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(model=(f"model.resize_token_embeddings(model.config.vocab_size, pad_to_multiple_of={VOCAB_MULTIPLE}, "
                                f"mean_resizing=False)  # nice_numbers",))
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
 
 TOGGLE = NiceNumbers()

@@ -31,6 +31,7 @@ class NonBlocking(Toggle):
         if not ctx.loader_kwargs.get("pin_memory"):
             ctx.notes.append("non_blocking without pinned memory: from pageable memory the copy still waits")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"accelerator_config": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:

@@ -36,6 +36,100 @@ OPTIMIZERS = {
 EIGHT_BIT = ("adamw_bnb_8bit", "adam_bnb_8bit", "paged_adamw_8bit", "lion_8bit")
 
 
+# name -> (TrainingArguments' name, torch's weight decay (TrainingArguments' is 0.0), code, what that name does not say)
+SPELLED = {
+    "adamw_torch": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr})", ""),
+    "adamw_torch_foreach": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr}, foreach=True)", "TrainingArguments has "
+                            "no foreach switch: adamw_torch is torch's AdamW, foreach by default on a GPU"),
+    "adamw_torch_fused": ("adamw_torch_fused", 0.01, "torch.optim.AdamW({p}, lr={lr}, fused=True)", ""),
+    "adamw_bnb_8bit": ("adamw_bnb_8bit", 0.01, "bnb.optim.AdamW8bit({p}, lr={lr})", ""),
+    "adam_bnb_8bit": ("adamw_bnb_8bit", 0.0, "bnb.optim.Adam8bit({p}, lr={lr})", "TrainingArguments has no Adam8bit: "
+                      "AdamW8bit with weight_decay=0 is the same update"),
+    "paged_adamw_8bit": ("paged_adamw_8bit", 0.01, "bnb.optim.PagedAdamW8bit({p}, lr={lr})", ""),
+    "lion_8bit": ("lion_8bit", 0.0, "bnb.optim.Lion8bit({p}, lr={lr})", ""),
+    "adafactor": ("adafactor", 0.0, "torch.optim.Adafactor({p})  # its lr is relative: torch's default 1e-2",
+                  "TrainingArguments' adafactor is transformers' Adafactor; scalekit's is torch.optim.Adafactor"),
+    "muon": ("", 0.01, "muon_with_adamw({m}, [p for p in {m}.parameters() if p.requires_grad], lr={lr})", ""),
+}
+# TrainingArguments' optim -> this toggle's value (None: the baseline, torch's AdamW)
+FROM_TRAINING_ARGUMENTS = {"adamw_torch": None, "adamw_torch_fused": "adamw_torch_fused", "adamw_bnb_8bit": "adamw_bnb_8bit",
+                           "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
+                           "lion_8bit": "lion_8bit", "adafactor": "adafactor"}
+
+
+class Optim(Toggle):
+    name = "optim"
+    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, AdamW foreach/fused, or Muon with AdamW"
+    cost = "8-bit and factored states approximate the fp32 moments; losses differ a little from AdamW"
+    helps_when = "optimizer state is a large part of memory (AdamW keeps 8 bytes per parameter)"
+    group = "optimizer"
+    kind = "both"
+    # a wrap-phase toggle, first of them: swapping the token embedding is a change to the model, so it must
+    # come before checkpointing, compile and data-parallel wrappers see the parameters
+    phase = "wrap"
+    choices = tuple(OPTIMIZERS)
+    tuning = (Tune("adamw_torch_fused", rank=60, label="fused AdamW"),
+              Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True),
+              Tune("muon", rank=145, label="Muon for the block matrices (to fit)", memory_only=True))
+
+    def choice_available(self, hw, value: Any = True) -> tuple[bool, str]:
+        """Whether optimizer `value` can be built here, and why not (the device does not matter: the library does)."""
+        value = self.validate(value)
+        library = OPTIMIZERS[value][0]
+        if library == "bitsandbytes" and importlib.util.find_spec("bitsandbytes") is None:
+            return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+        if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
+            return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
+        if value == "muon" and not hasattr(torch.optim, "Muon"):
+            return False, f"torch {torch.__version__} has no torch.optim.Muon (added in torch 2.9)"
+        return True, ""
+
+    def apply(self, ctx: BuildContext, value: str) -> None:
+        # whether `value` runs here was asked before the build (choice_available, through check_available)
+        if value in EIGHT_BIT:
+            keep_embeddings_32bit(ctx, quiet_import("bitsandbytes"))
+            if value.startswith("paged") and ctx.device.type != "cuda":
+                ctx.notes.append("paged optimizer on CPU: bitsandbytes falls back to ordinary buffers")
+        if value == "muon":
+            if not block_matrix_ids(ctx.base_model):
+                raise ToggleUnavailable(f"optim='muon' found no 2-D weight matrix in the repeated blocks of "
+                                        f"{type(ctx.base_model).__name__} (Muon is for hidden matrices; "
+                                        f"models.blocks says which modules are the blocks)")
+            # the split is made over the final parameters (after wrappers), looked up through the wrappers
+            ctx.optimizer_factory = lambda params: make_optimizer(value, params, lr=ctx.config.lr, model=ctx.model)
+            return
+        ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
+
+
+    def plan(self, facts, value: str) -> None:
+        facts.optimizer = value
+
+    def traced(self, value: str) -> bool:
+        return value not in EIGHT_BIT  # bitsandbytes' kernels cannot run on fake tensors: traced as AdamW
+
+    # Framework spellings: Trainer arguments, accelerate, Lightning
+    training_fields = {"optim": "adamw_torch_fused"}
+
+    def from_training_arguments(self, fields, notes) -> str | None:
+        name = getattr(fields["optim"], "value", fields["optim"])  # transformers' OptimizerNames, or its string
+        if not isinstance(name, str):
+            raise ConfigError(f"TrainingArguments.optim must be an optimizer's name (a string such as 'adamw_torch'), "
+                              f"got {name!r}")
+        if name not in FROM_TRAINING_ARGUMENTS:
+            notes.append(f"optim={name!r} not mapped: scalekit has no such optimizer (it trains with torch AdamW); "
+                         f"mapped: {', '.join(FROM_TRAINING_ARGUMENTS)}")
+            return None
+        if name == "adafactor":
+            notes.append(SPELLED[name][3])  # the same name, another implementation
+        return FROM_TRAINING_ARGUMENTS[name]
+
+    def spelling(self, target, value: str, cfg) -> Spelling:
+        return optimizer_spelling(target, value, cfg)
+
+    def off_spelling(self, target, cfg) -> Spelling:
+        return optimizer_spelling(target, "adamw_torch", cfg)  # the baseline: torch's AdamW
+
+
 def make_optimizer(value: str, params, lr: float, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
     """Optimizer `value` over `params`; Muon also needs the `model` (which of its 2-D weights are in its blocks)."""
     if value == "muon":
@@ -111,27 +205,6 @@ def keep_embeddings_32bit(ctx: BuildContext, bnb) -> None:
     ctx.stack.callback(restore)
 
 
-# name -> (TrainingArguments' name, torch's weight decay (TrainingArguments' is 0.0), code, what that name does not say)
-SPELLED = {
-    "adamw_torch": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr})", ""),
-    "adamw_torch_foreach": ("adamw_torch", 0.01, "torch.optim.AdamW({p}, lr={lr}, foreach=True)", "TrainingArguments has "
-                            "no foreach switch: adamw_torch is torch's AdamW, foreach by default on a GPU"),
-    "adamw_torch_fused": ("adamw_torch_fused", 0.01, "torch.optim.AdamW({p}, lr={lr}, fused=True)", ""),
-    "adamw_bnb_8bit": ("adamw_bnb_8bit", 0.01, "bnb.optim.AdamW8bit({p}, lr={lr})", ""),
-    "adam_bnb_8bit": ("adamw_bnb_8bit", 0.0, "bnb.optim.Adam8bit({p}, lr={lr})", "TrainingArguments has no Adam8bit: "
-                      "AdamW8bit with weight_decay=0 is the same update"),
-    "paged_adamw_8bit": ("paged_adamw_8bit", 0.01, "bnb.optim.PagedAdamW8bit({p}, lr={lr})", ""),
-    "lion_8bit": ("lion_8bit", 0.0, "bnb.optim.Lion8bit({p}, lr={lr})", ""),
-    "adafactor": ("adafactor", 0.0, "torch.optim.Adafactor({p})  # its lr is relative: torch's default 1e-2",
-                  "TrainingArguments' adafactor is transformers' Adafactor; scalekit's is torch.optim.Adafactor"),
-    "muon": ("", 0.01, "muon_with_adamw({m}, [p for p in {m}.parameters() if p.requires_grad], lr={lr})", ""),
-}
-# TrainingArguments' optim -> this toggle's value (None: the baseline, torch's AdamW)
-FROM_TRAINING_ARGUMENTS = {"adamw_torch": None, "adamw_torch_fused": "adamw_torch_fused", "adamw_bnb_8bit": "adamw_bnb_8bit",
-                           "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
-                           "lion_8bit": "lion_8bit", "adafactor": "adafactor"}
-
-
 def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
     """Optimizer `value` in `target`'s code: TrainingArguments' optim, or the optimizer built over the parameters."""
     name, decay, code, caveat = SPELLED[value]
@@ -149,76 +222,5 @@ def optimizer_spelling(target: str, value: str, cfg) -> Spelling:
         return Spelling(optimizer=line)
     return Spelling(optimizer=f"{line}  # bitsandbytes; weight_decay={decay} by default", imports=("import bitsandbytes as bnb",))
 
-
-class Optim(Toggle):
-    name = "optim"
-    summary = "the optimizer: 8-bit Adam/AdamW/Lion (bitsandbytes), Adafactor, AdamW foreach/fused, or Muon with AdamW"
-    cost = "8-bit and factored states approximate the fp32 moments; losses differ a little from AdamW"
-    helps_when = "optimizer state is a large part of memory (AdamW keeps 8 bytes per parameter)"
-    group = "optimizer"
-    kind = "both"
-    # a wrap-phase toggle, first of them: swapping the token embedding is a change to the model, so it must
-    # come before checkpointing, compile and data-parallel wrappers see the parameters
-    phase = "wrap"
-    choices = tuple(OPTIMIZERS)
-    tuning = (Tune("adamw_torch_fused", rank=60, label="fused AdamW"),
-              Tune("adamw_bnb_8bit", rank=140, label="8-bit AdamW (to fit)", memory_only=True),
-              Tune("muon", rank=145, label="Muon for the block matrices (to fit)", memory_only=True))
-
-    def choice_available(self, hw, value: Any = True) -> tuple[bool, str]:
-        """Whether optimizer `value` can be built here, and why not (the device does not matter: the library does)."""
-        value = self.validate(value)
-        library = OPTIMIZERS[value][0]
-        if library == "bitsandbytes" and importlib.util.find_spec("bitsandbytes") is None:
-            return False, f"optim={value!r} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
-        if value == "adafactor" and not hasattr(torch.optim, "Adafactor"):
-            return False, f"torch {torch.__version__} has no torch.optim.Adafactor (added in torch 2.5)"
-        if value == "muon" and not hasattr(torch.optim, "Muon"):
-            return False, f"torch {torch.__version__} has no torch.optim.Muon (added in torch 2.9)"
-        return True, ""
-
-    def apply(self, ctx: BuildContext, value: str) -> None:
-        # whether `value` runs here was asked before the build (choice_available, through check_available)
-        if value in EIGHT_BIT:
-            keep_embeddings_32bit(ctx, quiet_import("bitsandbytes"))
-            if value.startswith("paged") and ctx.device.type != "cuda":
-                ctx.notes.append("paged optimizer on CPU: bitsandbytes falls back to ordinary buffers")
-        if value == "muon":
-            if not block_matrix_ids(ctx.base_model):
-                raise ToggleUnavailable(f"optim='muon' found no 2-D weight matrix in the repeated blocks of "
-                                        f"{type(ctx.base_model).__name__} (Muon is for hidden matrices; "
-                                        f"models.blocks says which modules are the blocks)")
-            # the split is made over the final parameters (after wrappers), looked up through the wrappers
-            ctx.optimizer_factory = lambda params: make_optimizer(value, params, lr=ctx.config.lr, model=ctx.model)
-            return
-        ctx.optimizer_factory = partial(make_optimizer, value, lr=ctx.config.lr)
-
-
-    def plan(self, facts, value: str) -> None:
-        facts.optimizer = value
-
-    def traced(self, value: str) -> bool:
-        return value not in EIGHT_BIT  # bitsandbytes' kernels cannot run on fake tensors: traced as AdamW
-
-    training_fields = {"optim": "adamw_torch_fused"}
-
-    def from_training_arguments(self, fields, notes) -> str | None:
-        name = getattr(fields["optim"], "value", fields["optim"])  # transformers' OptimizerNames, or its string
-        if not isinstance(name, str):
-            raise ConfigError(f"TrainingArguments.optim must be an optimizer's name (a string such as 'adamw_torch'), "
-                              f"got {name!r}")
-        if name not in FROM_TRAINING_ARGUMENTS:
-            notes.append(f"optim={name!r} not mapped: scalekit has no such optimizer (it trains with torch AdamW); "
-                         f"mapped: {', '.join(FROM_TRAINING_ARGUMENTS)}")
-            return None
-        if name == "adafactor":
-            notes.append(SPELLED[name][3])  # the same name, another implementation
-        return FROM_TRAINING_ARGUMENTS[name]
-
-    def spelling(self, target, value: str, cfg) -> Spelling:
-        return optimizer_spelling(target, value, cfg)
-
-    def off_spelling(self, target, cfg) -> Spelling:
-        return optimizer_spelling(target, "adamw_torch", cfg)  # the baseline: torch's AdamW
 
 TOGGLE = Optim()

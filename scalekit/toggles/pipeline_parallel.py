@@ -40,13 +40,6 @@ from .base import BuildContext, Spelling, Toggle
 MICRO_BATCHES = 4  # micro-batches per step unless the value says ("1f1b/8")
 
 
-def parse(value) -> tuple[str, int, int | None]:
-    """(schedule, micro-batches, stages or None: one per rank) of a validated value: '1f1b/8,stages=2'."""
-    head, _, option = str(value).partition(",")
-    schedule, _, count = head.partition("/")
-    return schedule, int(count) if count else MICRO_BATCHES, int(option.partition("=")[2]) if option else None
-
-
 class PipelineParallel(Toggle):
     name = "pipeline_parallel"
     summary = ("pipeline parallelism (torch.distributed.pipelining): the blocks split into one stage per rank, "
@@ -129,9 +122,17 @@ class PipelineParallel(Toggle):
                                 f"stage, the head on the last); {schedule} keeps {counts} of the {micro} micro-batches' "
                                 f"activations on the stages, first to last, as their first backward begins")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(missing="pipeline parallelism is set up with torch.distributed.pipelining around the model "
                                 "(no Trainer, Accelerate or Lightning option carries it)")
+
+
+def parse(value) -> tuple[str, int, int | None]:
+    """(schedule, micro-batches, stages or None: one per rank) of a validated value: '1f1b/8,stages=2'."""
+    head, _, option = str(value).partition(",")
+    schedule, _, count = head.partition("/")
+    return schedule, int(count) if count else MICRO_BATCHES, int(option.partition("=")[2]) if option else None
 
 
 TOGGLE = PipelineParallel()

@@ -35,9 +35,6 @@ class QAT(Toggle):
             return False, self.no_target_why(model)
         return True, ""
 
-    def no_target_why(self, model) -> str:
-        return f"{no_linear_why(model)}; qat takes those with a multiple of {qat_mod.GROUP} input features"
-
     def apply(self, ctx: BuildContext, value: str) -> None:
         ok, why = self.available(ctx.hw)
         if not ok:
@@ -48,12 +45,16 @@ class QAT(Toggle):
         ctx.notes.append(f"qat={value}: {n} linear layers train fake-quantized; after training, "
                          f"scalekit.models.qat.convert(model, {value!r}) makes them int4")
 
+    def no_target_why(self, model) -> str:
+        return f"{no_linear_why(model)}; qat takes those with a multiple of {qat_mod.GROUP} input features"
+
     def plan(self, facts, value) -> None:
         facts.analytic = False  # torchao's fake quantization is traced
 
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(imports=("from scalekit.models import qat",),
                         model=(f"qat.prepare(model, {value!r})  # after training: qat.convert(model, {value!r})",))

@@ -15,25 +15,6 @@ from .base import BuildContext, Spelling, Toggle
 MODES = ("nf4", "fp4", "int8")
 
 
-def quantize_targets(ctx: BuildContext, mode: str) -> int:
-    """Swap every adapter target for its quantized layer; returns the fp32 bytes replaced."""
-    model = ctx.base_model
-    replaced = 0
-    for name in adapter_targets(model, ctx.config.adapter_targets):
-        old = model.get_submodule(name)
-        if is_conv1d(old):  # GPT-2's Conv1D stores its weight (in, out): bitsandbytes takes the nn.Linear form
-            old = as_linear(old)
-        parent, _, attr = name.rpartition(".")
-        # LLM.int8()'s outlier split off (threshold 0) for a base trained through: every column quantized
-        setattr(model.get_submodule(parent) if parent else model, attr,
-                bnb_linear(old, mode, ctx.compute_dtype or torch.float32, int8_threshold=0.0, for_training=True))
-        replaced += old.weight.numel() * old.weight.element_size()
-    # peft picks its bitsandbytes LoRA layers only for a model that says it is loaded quantized
-    model.is_loaded_in_4bit = mode != "int8"
-    model.is_loaded_in_8bit = mode == "int8"
-    return replaced
-
-
 class QuantizedBase(Toggle):
     name = "quantized_base"
     summary = "QLoRA: the frozen base's block linears in 4-bit NormalFloat (nf4), fp4 or int8 under LoRA/DoRA"
@@ -61,12 +42,12 @@ class QuantizedBase(Toggle):
         replaced = quantize_targets(ctx, mode)
         ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
 
-
     def plan(self, facts, value) -> None:
         # bitsandbytes' kernels cannot run on fake tensors: the planner traces the base in fp32 and swaps its sizes
         facts.analytic = False
         facts.quantized_base = value
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, mode: str, cfg) -> Spelling:
@@ -75,5 +56,25 @@ class QuantizedBase(Toggle):
         return Spelling(imports=("from transformers import BitsAndBytesConfig",), model=(
             'model.save_pretrained("base_model")  # quantized_base: Transformers quantizes as it loads a checkpoint',
             f'model = AutoModelForCausalLM.from_pretrained("base_model", quantization_config=BitsAndBytesConfig({bnb}))'))
+
+
+def quantize_targets(ctx: BuildContext, mode: str) -> int:
+    """Swap every adapter target for its quantized layer; returns the fp32 bytes replaced."""
+    model = ctx.base_model
+    replaced = 0
+    for name in adapter_targets(model, ctx.config.adapter_targets):
+        old = model.get_submodule(name)
+        if is_conv1d(old):  # GPT-2's Conv1D stores its weight (in, out): bitsandbytes takes the nn.Linear form
+            old = as_linear(old)
+        parent, _, attr = name.rpartition(".")
+        # LLM.int8()'s outlier split off (threshold 0) for a base trained through: every column quantized
+        setattr(model.get_submodule(parent) if parent else model, attr,
+                bnb_linear(old, mode, ctx.compute_dtype or torch.float32, int8_threshold=0.0, for_training=True))
+        replaced += old.weight.numel() * old.weight.element_size()
+    # peft picks its bitsandbytes LoRA layers only for a model that says it is loaded quantized
+    model.is_loaded_in_4bit = mode != "int8"
+    model.is_loaded_in_8bit = mode == "int8"
+    return replaced
+
 
 TOGGLE = QuantizedBase()

@@ -29,6 +29,7 @@ class SDPA(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, value, cfg) -> Spelling:
@@ -36,5 +37,6 @@ class SDPA(Toggle):
 
     def off_spelling(self, target, cfg) -> Spelling:
         return Spelling(model_kwargs={"attn_implementation": '"eager"'})
+
 
 TOGGLE = SDPA()

@@ -38,6 +38,7 @@ class SequencePacking(Toggle):
         facts.packed_rows = True  # rows of seq_len tokens and their (batch, 1, seq_len, seq_len) mask, traced
 
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         if target == "hf":
             # transformers' own collator packs without padding and gives position_ids (flash-attention's route)

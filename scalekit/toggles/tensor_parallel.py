@@ -24,12 +24,6 @@ DEGREES = (2, 4, 8)
 SEQUENCE = "sequence_parallel"  # the option: "2,sequence_parallel"
 
 
-def parse(value) -> tuple[int, bool]:
-    """(degree, sequence-parallel norms) of a validated value: 2, or '2,sequence_parallel'."""
-    degree, _, option = str(value).partition(",")
-    return int(degree), option == SEQUENCE
-
-
 class TensorParallel(CountToggle):
     name = "tensor_parallel"
     summary = ("Megatron-style tensor parallelism: attention's and the MLP's widening linears split by columns, "
@@ -109,6 +103,7 @@ class TensorParallel(CountToggle):
         facts.rank_notes.append(f"tensor_parallel: 1/{value} of each block's weights, gradients and optimizer state "
                                 f"per rank, the rest replicated; the ranks of a group share their batch")
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     spelled_for_transformers_models = True
 
     def spelling(self, target, value, cfg) -> Spelling:
@@ -119,6 +114,12 @@ class TensorParallel(CountToggle):
                                    f"launched with torchrun over {value} ranks",))
         return Spelling(missing=f"{'Accelerate' if target == 'accelerate' else 'Lightning'}: tensor parallelism "
                                 f"is set up on the model with torch's parallelize_module (not a launcher option)")
+
+
+def parse(value) -> tuple[int, bool]:
+    """(degree, sequence-parallel norms) of a validated value: 2, or '2,sequence_parallel'."""
+    degree, _, option = str(value).partition(",")
+    return int(degree), option == SEQUENCE
 
 
 TOGGLE = TensorParallel()

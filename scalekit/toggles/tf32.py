@@ -42,6 +42,7 @@ class TF32(Toggle):
     def traced(self, value) -> bool:
         return True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     training_fields = {"tf32": None}
 
     def from_training_arguments(self, fields, notes) -> bool | None:
@@ -52,5 +53,6 @@ class TF32(Toggle):
                 "accelerate": Spelling(setup=("torch.backends.cuda.matmul.allow_tf32 = True  # tf32",
                                               "torch.backends.cudnn.allow_tf32 = True")),
                 "lightning": Spelling(setup=('torch.set_float32_matmul_precision("high")  # tf32, as Lightning asks for it',))}[target]
+
 
 TOGGLE = TF32()

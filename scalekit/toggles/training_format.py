@@ -28,8 +28,10 @@ class TrainingFormat(Toggle):
         # scalekit.data.load_tokens() (built once, atomically, and checked against its checksum)
         ctx.read_training_format = True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(missing="it reads scalekit's shipped corpus pre-tokenized; the exported code trains on your "
                                 "train_dataset, and no framework has a switch for how that was made")
+
 
 TOGGLE = TrainingFormat()

@@ -30,8 +30,10 @@ class VectorizedTransforms(Toggle):
         # in the worker processes when there are workers; samples are no longer noised one by one
         ctx.batch_transforms = True
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value, cfg) -> Spelling:
         return Spelling(missing="it batches the per-sample transform of scalekit's raw corpus; your train_dataset has "
                                 "no such transform, and no framework has a switch for one")
+
 
 TOGGLE = VectorizedTransforms()

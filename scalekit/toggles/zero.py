@@ -74,6 +74,7 @@ class Zero(Toggle):
             + (", the full weights and DDP's gradient buckets on every rank" if value == "zero1" else
                "; the full weights gathered block by block in forward and kept until backward"))
 
+    # Framework spellings: Trainer arguments, accelerate, Lightning
     def spelling(self, target, value: str, cfg) -> Spelling:
         stage = int(value[-1])
         if target == "hf":  # the Trainer's FSDP2 has no ZeRO-1; its reshard_after_forward=False is ZeRO-2
