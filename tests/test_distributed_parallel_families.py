@@ -138,7 +138,7 @@ def test_applicable_says_which_families_each_toggle_splits():
     for (family, splits), model in itertools.product(
             (("phi3", True), ("gpt_neox", True), ("gemma2", True), ("opt", False), ("falcon", False)),
             (causal_lm, lambda config: config)):  # causal_lm(config), or the transformers config itself
-        table = scalekit.comparison.applicable(model(hf_config(family)))
+        table = scalekit.applicable(model(hf_config(family)))
         for toggle in ("pipeline_parallel", "tensor_parallel"):
             status, reason = table.status(toggle, "train")
             assert (status != "does not apply") == splits, (family, toggle, status, reason)

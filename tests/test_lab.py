@@ -111,7 +111,7 @@ def test_unavailable_toggle_is_disabled_and_says_why(cpu):
 
 
 def test_own_model_disables_the_toggles_that_do_not_apply_with_applicables_reasons(cpu):
-    from scalekit.comparison import applicable
+    from scalekit import applicable
 
     lab = Lab(device="cpu", hw=cpu, **Counting().kwargs())
     table = applicable(lab.base_config, hw=cpu)
@@ -120,7 +120,7 @@ def test_own_model_disables_the_toggles_that_do_not_apply_with_applicables_reaso
             continue
         status, reason = table.status(toggle.name, "train")
         control = lab.controls[toggle.name]
-        if status == "does not apply":  # the panel says what scalekit.comparison.applicable says, word for word
+        if status == "does not apply":  # the panel says what scalekit.applicable says, word for word
             assert control.widget.disabled and html.escape(reason) in control.note.value, toggle.name
     assert "needs an attention switch, which your model (Linear) does not have" in lab.controls["sdpa"].note.value
     assert "batches your batch_fn makes" in lab.controls["dataloader_num_workers"].note.value

@@ -1,4 +1,4 @@
-"""Your model everywhere scalekit is used: what applies to it (scalekit.comparison.applicable, `scalekit toggles
+"""Your model everywhere scalekit is used: what applies to it (scalekit.applicable, `scalekit toggles
 --hf-model`), the command line's --hf-model and the presets' fitting defaults, the Lab and autotune."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import scalekit
 from scalekit import GenerateConfig, RunConfig
 from scalekit.cli.main import main
-from scalekit.comparison import applicable
+from scalekit import applicable
 from scalekit.toggles import ORDER
 from tests.helpers import CPU, ConvNet, classify_loss, image_batch, one_thread
 

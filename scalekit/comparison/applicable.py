@@ -1,7 +1,7 @@
 """What applies to my model: every toggle × {training, generation}, with the one-line reason.
 
-    scalekit.comparison.applicable(causal_lm("llama"))          # or a model, a RunConfig, a GenerateConfig, a preset name
-    print(scalekit.comparison.applicable(my_model))             # the printable form; .frame is the DataFrame
+    scalekit.applicable(causal_lm("llama"))          # or a model, a RunConfig, a GenerateConfig, a preset name
+    print(scalekit.applicable(my_model))             # the printable form; .frame is the DataFrame
 
 The answer is built from what the toggles declare, never from a model's name: the loops a toggle acts in
 (`loops`), whether the model's family can take the change (`applies_to`: the family's KV cache for

@@ -77,7 +77,7 @@ def control_sets(toggles: Sequence[Toggle], exclusive) -> list[list[Toggle]]:
 
 def unavailable_reason(toggle: Toggle, hw, custom_model: bool, launches: bool = False, adapter=None,
                        loop: str = "train", config=None) -> str:
-    """Why `toggle` cannot be switched on here ("" if it can): the reason scalekit.comparison.applicable gives.  With
+    """Why `toggle` cannot be switched on here ("" if it can): the reason scalekit.applicable gives.  With
     `launches`, the panel's owner starts the processes a toggle like ddp needs, so it is asked as a rank of
     such a launch would be.  `adapter`: the model's family (what it can change); `config`: the run's resolved
     config, whose data decides what the data toggles act on."""
