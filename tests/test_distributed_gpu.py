@@ -27,7 +27,7 @@ def run_python(code: str) -> dict:
 def test_counting_gpus_creates_no_cuda_context():
     out = run_python("""
         import json, torch, scalekit
-        from scalekit import hardware
+        from scalekit.machine import hardware
         n = hardware.gpu_count_without_cuda_init()
         present = hardware.cuda_gpu_present()
         torch.cuda.is_available()  # NVML-based once scalekit is imported

@@ -20,7 +20,7 @@ AFTER_TEST_CXX = textwrap.dedent("""
     import shutil, sys
     import pytest
     exit_code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests/test_cxx.py"])
-    from scalekit import cxx
+    from scalekit.machine import cxx
     from scalekit.toggles import TOGGLES
     from tests.helpers import CPU
     import torch._inductor.config as inductor_config
