@@ -17,11 +17,25 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..optional import quiet_import
+from .loaders import DATA_SOURCES
 
 FILE_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
 FOLDER_FORMATS = ("a folder saved by datasets.save_to_disk", "a folder of .txt files")
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 ALLOWED = f"{', '.join(FILE_FORMATS)}, {' or '.join(FOLDER_FORMATS)}"
+
+
+def is_data_path(data: object) -> bool:
+    """RunConfig.data names a file or folder, not one of the data sources (nor what a run resolves them to)."""
+    return isinstance(data, str | os.PathLike) and data not in ("auto", "custom", "dataset", *DATA_SOURCES)
+
+
+def path_exists(path: str | os.PathLike) -> bool:
+    """Whether `path` names a file or folder (False also for a name no file system takes: empty, a NUL)."""
+    try:
+        return bool(os.fspath(path).strip()) and Path(path).expanduser().exists()
+    except (OSError, ValueError, RuntimeError):  # a NUL, a name too long, ~user of no user here
+        return False
 
 
 def data_format(path: str | os.PathLike) -> str:

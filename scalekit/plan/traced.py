@@ -27,8 +27,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..data import first_batch, to_device
+from ..data.files import is_data_path
 from ..data.packing import PackedDocuments
 from ..errors import PlanUnavailable
+from ..hf.tokenizer_of import tokenized_data
 from ..machine.hardware import Hardware
 from ..measure import memory
 from ..toggles import TOGGLES
@@ -71,6 +73,11 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
             if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
         traced_cfg = dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
                                          batch_fn=lambda batch_size, device: to_device(sample, device))
+    elif facts.packed_rows and is_data_path(cfg.data):  # a data file packed: one real packed batch of it, traced
+        packed = first_batch(PackedDocuments(tokenized_data(cfg).documents("train"), cfg.seq_len, cfg.seed),
+                             cfg.batch_size, cfg.seed)
+        traced_cfg = dataclasses.replace(traced_cfg, data="custom",
+                                         batch_fn=lambda batch_size, device: to_device(packed, device))
     with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:
         try:
             step = _trace(traced_cfg, planning_hardware(device_type), stack, facts.tensor_parallel)
