@@ -48,6 +48,21 @@ def planning_hardware(device_type: str) -> Hardware:
                     torch_version=torch.__version__, cuda_version=torch.version.cuda)
 
 
+def _real_batch(cfg, facts, traced_cfg):
+    """`traced_cfg` reading one real batch, read here, as a batch_fn's: of your dataset, or of your data file's
+    documents packed (their rows and mask); else `traced_cfg` as it is."""
+    if cfg.dataset is not None:
+        sample = first_batch(PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), cfg.batch_size, cfg.seed) \
+            if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
+    elif facts.packed_rows and is_data_path(cfg.data):
+        sample = first_batch(PackedDocuments(tokenized_data(cfg).documents("train"), cfg.seq_len, cfg.seed),
+                             cfg.batch_size, cfg.seed)
+    else:
+        return traced_cfg
+    return dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
+                               batch_fn=lambda batch_size, device: to_device(sample, device))
+
+
 def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tuple[int, int]] | None = None
                     ) -> Estimate:
     """Params, grads, optimizer state and the peak of one step of `cfg` (resolved), traced on fake tensors, with
@@ -67,17 +82,7 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
     # (and a model family's default batches: Hugging Face reads windows of the corpus) as random tokens of the
     # same shape (the loader itself cannot run on fake tensors)
     data = cfg.data if cfg.batch_fn is not None else "synthetic"
-    traced_cfg = dataclasses.replace(cfg, toggles=toggles, init="random", data=data)
-    if cfg.dataset is not None:  # your dataset: one real batch of it, read here, traced as a batch_fn's
-        sample = first_batch(PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), cfg.batch_size, cfg.seed) \
-            if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
-        traced_cfg = dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
-                                         batch_fn=lambda batch_size, device: to_device(sample, device))
-    elif facts.packed_rows and is_data_path(cfg.data):  # a data file packed: one real packed batch of it, traced
-        packed = first_batch(PackedDocuments(tokenized_data(cfg).documents("train"), cfg.seq_len, cfg.seed),
-                             cfg.batch_size, cfg.seed)
-        traced_cfg = dataclasses.replace(traced_cfg, data="custom",
-                                         batch_fn=lambda batch_size, device: to_device(packed, device))
+    traced_cfg = _real_batch(cfg, facts, dataclasses.replace(cfg, toggles=toggles, init="random", data=data))
     with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:
         try:
             step = _trace(traced_cfg, planning_hardware(device_type), stack, facts.tensor_parallel)
