@@ -16,7 +16,7 @@ from scalekit.data import CharTokenizer, corpus_text
 from scalekit.data import tokenized as tokenized_module
 from scalekit.data.tokenized import tokenize_file
 from scalekit.errors import ConfigError
-from scalekit.hf.tokenizer_of import data_tokenizer
+from scalekit.hf.tokenizer_of import data_tokenizer, no_tokenizer
 from scalekit.toggles import TOGGLES
 from scalekit.training.engine import heldout_tokens
 from scalekit.training.finetune import _finetune_base, finetune_config
@@ -162,6 +162,11 @@ def test_run_config_refuses_a_data_file_it_cannot_use(tmp_path, checkpoint):
     with pytest.raises(ConfigError, match=r"RunConfig.model \(a GPT2LMHeadModel\) has none: give the model as a "
                                           r"checkpoint folder"):
         RunConfig(model=built, data=str(path))
+    no_tok = tmp_path / "weights_only"
+    no_tok.mkdir()
+    assert "weights_only: no tokenizer files (looked for tokenizer.json" in no_tokenizer(str(no_tok), str(path))
+    assert "RunConfig.model ('nowhere') has none" in no_tokenizer("nowhere", str(path))
+    assert no_tokenizer(str(checkpoint), str(path)) == "" and no_tokenizer(None, str(path)) == ""
     with pytest.raises(ConfigError, match="sequence_packing packs the documents.*built-in GPT's forward"):
         RunConfig(data=str(path), toggles=["sequence_packing"])
     with pytest.raises(ConfigError, match="RunConfig.text_field must be the name of a field"):

@@ -26,7 +26,8 @@ from .model import HFCausalLM, is_hf_model
 def tokenizer_folder(model: Any) -> Path | None:
     """The checkpoint folder whose tokenizer `model`'s text goes through, or None (none is known)."""
     if isinstance(model, str | os.PathLike):
-        return Path(model).expanduser()
+        folder = Path(model).expanduser()
+        return folder if folder.is_dir() else None
     folder = getattr(model, "folder", None) if isinstance(model, ModelAdapter) else None
     if folder is None:
         config = model.config if is_hf_model(model) else \
@@ -39,10 +40,15 @@ def tokenizer_folder(model: Any) -> Path | None:
 
 def no_tokenizer(model: Any, data: str) -> str:
     """Why RunConfig.data=`data` cannot be tokenized for `model` ('' when it can)."""
-    if model is None or tokenizer_folder(model) is not None:
+    if model is None:
         return ""
-    return (f"RunConfig.data={data!r} is tokenized with the model's own tokenizer, and RunConfig.model (a "
-            f"{type(model).__name__}) has none: give the model as a checkpoint folder (RunConfig(model=\"PATH\"), "
+    folder = tokenizer_folder(model)
+    if folder is not None:
+        problem = tokenizer_problem(folder)
+        return f"RunConfig.data={data!r} is tokenized with the model's own tokenizer: {problem}" if problem else ""
+    what = repr(os.fspath(model)) if isinstance(model, str | os.PathLike) else f"a {type(model).__name__}"
+    return (f"RunConfig.data={data!r} is tokenized with the model's own tokenizer, and RunConfig.model ({what}) "
+            f"has none: give the model as a checkpoint folder (RunConfig(model=\"PATH\"), "
             f"--hf-model PATH) whose tokenizer files are beside its weights, or tokenize the file yourself and give "
             f"RunConfig.dataset")
 
