@@ -72,6 +72,13 @@ def test_every_format_gives_the_token_ids_of_the_tokenizer_called_directly(tok, 
     assert got.tokens.dtype == np.uint16 and got.meta["read_field"] == "text"
 
 
+def test_a_large_file_is_tokenized_in_several_processes_to_the_same_ids(tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenized_module, "ROWS_PER_PROCESS", 8)  # 24 rows: a process per 8 rows, at most the cores
+    monkeypatch.setattr(tokenized_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    got = tokenize_file(write_texts(tmp_path, TEXTS, "jsonl"), tok)
+    assert got.meta["num_proc"] == 2 and documents(got) == [tok(t)["input_ids"] for t in TEXTS]
+
+
 def test_the_built_in_gpt_reads_the_corpus_characters_and_leaves_out_the_others(tmp_path):
     chars = CharTokenizer(corpus_text())
     got = tokenize_file(write_texts(tmp_path, TEXTS, "jsonl"), chars)
