@@ -9,11 +9,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import scalekit
 from scalekit import RunConfig
-from scalekit.data import CharTokenizer, corpus_text
+from scalekit.data import CharTokenizer, corpus_text, dataset_loader
 from scalekit.data import tokenized as tokenized_module
+from scalekit.data.packing import PackedDocuments
 from scalekit.data.tokenized import tokenize_file
 from scalekit.errors import ConfigError
 from scalekit.hf.tokenizer_of import data_tokenizer, no_tokenizer
@@ -198,6 +200,18 @@ def test_a_run_on_the_built_in_gpt_trains_on_the_file_and_measures_its_held_out_
     cut = int(len(whole.tokens) * 0.9)  # the training part, then the held-out tail
     held = heldout_tokens(cfg.resolve(scalekit.detect("cpu")))
     assert np.array_equal(held, whole.tokens[cut:cut + len(held)]) and len(held) == 32 * 32 + 1
+
+
+def test_a_packed_file_read_by_workers_gives_the_same_batches_once_each(tok, tmp_path):
+    docs = tokenize_file(write_texts(tmp_path, corpus_texts(48, 150), "jsonl"), tok).documents("train")
+
+    def first_batches(workers: int) -> list:
+        loader = iter(dataset_loader(PackedDocuments(docs, 64, 0, batch_size=2), 2, 0, num_workers=workers))
+        return [next(loader)["input_ids"] for _ in range(6)]
+
+    alone = first_batches(0)
+    assert len({tuple(b.flatten().tolist()) for b in alone}) == 6  # six different batches
+    assert all(torch.equal(a, b) for a, b in zip(alone, first_batches(2), strict=True))
 
 
 def test_the_finetune_ladder_keeps_the_data_file(tmp_path):

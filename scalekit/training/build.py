@@ -196,7 +196,7 @@ def file_loader(ctx: BuildContext, loader_kwargs: dict) -> tuple:
                           f"more than the model's vocabulary of {vocab:,}: give the model its own tokenizer's folder")
     ctx.notes.extend(n for n in tokenized.notes() if n not in ctx.notes)
     if ctx.pack_sequences:
-        packed = PackedDocuments(tokenized.documents("train"), cfg.seq_len, cfg.seed)
+        packed = PackedDocuments(tokenized.documents("train"), cfg.seq_len, cfg.seed, cfg.batch_size)
         return dataset_loader(packed, cfg.batch_size, cfg.seed, **loader_kwargs), None
     tokens = tokenized.part("train")[0]
     if len(tokens) < cfg.seq_len + 1:
@@ -211,7 +211,7 @@ def run_dataset(ctx: BuildContext) -> tuple:
     """(the dataset the DataLoader reads, its collate_fn): the user's, or its documents packed into full rows."""
     cfg = ctx.config
     if ctx.pack_sequences:
-        return PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), None
+        return PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed, cfg.batch_size), None
     return cfg.dataset, cfg.collate_fn
 
 
