@@ -21,6 +21,7 @@ from scalekit.errors import ConfigError
 from scalekit.hf.tokenizer_of import data_tokenizer, no_tokenizer
 from scalekit.toggles import TOGGLES
 from scalekit.training.engine import heldout_tokens
+from scalekit.training.evaluation import heldout_batches
 from scalekit.training.finetune import _finetune_base, finetune_config
 from tests.own_files import (
     DATA_FORMATS,
@@ -192,14 +193,17 @@ def test_the_data_toggles_act_on_a_data_file(tmp_path):
 def test_a_run_on_the_built_in_gpt_trains_on_the_file_and_measures_its_held_out_tail(tmp_path):
     path = write_texts(tmp_path, corpus_texts(40, 400), "jsonl")
     cfg = RunConfig(data=str(path), steps=2, warmup_steps=0, seq_len=32, batch_size=4, device="cpu",
-                    measure_memory=False, check_memory=False)
+                    measure_memory=False, check_memory=False, eval_every=2, eval_batches=1)
     result = scalekit.run(cfg)
     assert result.status == "ok", result.error
-    assert result.heldout_loss_before is not None and result.heldout_loss_after is not None
+    assert result.heldout_loss_before is not None and result.heldout_loss_after is not None and result.evals
     whole = tokenize_file(path, CharTokenizer(corpus_text()))
     cut = int(len(whole.tokens) * 0.9)  # the training part, then the held-out tail
-    held = heldout_tokens(cfg.resolve(scalekit.detect("cpu")))
+    resolved = cfg.resolve(scalekit.detect("cpu"))
+    held = heldout_tokens(resolved)
     assert np.array_equal(held, whole.tokens[cut:cut + len(held)]) and len(held) == 32 * 32 + 1
+    x, y = heldout_batches(resolved, "cpu")[0]  # eval_every reads the same tail
+    assert x[0].tolist() == whole.tokens[cut:cut + 32].tolist() and y[0].tolist() == whole.tokens[cut + 1:cut + 33].tolist()
 
 
 def test_a_packed_file_read_by_workers_gives_the_same_batches_once_each(tok, tmp_path):
