@@ -155,6 +155,10 @@ def test_what_cannot_be_used_is_refused_naming_the_file_and_the_field(tok, tmp_p
         empty = tmp_path / "empty.jsonl"
         empty.write_text('{"text": ""}\n{"text": ""}\n', encoding="utf-8")
         tokenize_file(empty, tok)
+    lists = tmp_path / "lists.jsonl"
+    lists.write_text('{"text": ["a", "b"]}\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"field 'text' of .*lists\.jsonl' holds neither text nor chats"):
+        tokenize_file(lists, tok)
     numbers = tmp_path / "numbers.jsonl"
     numbers.write_text('{"text": 3}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"field 'text' of .*numbers\.jsonl' holds int64 values, not text"):

@@ -182,7 +182,13 @@ def _column(p: Path, rows, field: str) -> tuple[str, bool]:
     if dtype is not None and dtype not in ("string", "large_string"):
         raise ConfigError(f"{FIELD}: the field {field!r} of {str(p)!r} holds {dtype} values, not text; its fields: "
                           f"{', '.join(names)}")
-    return field, dtype is None
+    chat = dtype is None
+    first = next((v for v in rows[field] if v), None) if chat else None
+    if chat and not (isinstance(first, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                     for m in first)):
+        raise ConfigError(f"{FIELD}: the field {field!r} of {str(p)!r} holds neither text nor chats (lists of "
+                          f"{{'role', 'content'}} messages); its fields: {', '.join(names)}")
+    return field, chat
 
 
 def tokenize_rows(p: Path, tokenizer, field: str) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -205,6 +211,9 @@ def tokenize_rows(p: Path, tokenizer, field: str) -> tuple[np.ndarray, np.ndarra
     try:
         done = rows.map(Encoder(tokenizer, field, chat), batched=True, num_proc=num_proc if num_proc > 1 else None,
                         remove_columns=rows.column_names, keep_in_memory=True, new_fingerprint=f"scalekit-{field}")
+    except Exception as exc:  # the tokenizer or its chat template refused a row: said with the file and the field
+        raise ConfigError(f"RunConfig.data: {str(p)!r}: tokenizing its field {field!r} failed "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     finally:
         if bars:
             datasets.enable_progress_bars()
