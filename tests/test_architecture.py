@@ -129,7 +129,8 @@ LAYERS = (
     ("runtime", ("scalekit.distributed",)),  # the multi-process runtime the toggles and the engine join
     ("toggles", ("scalekit.toggles",)),
     ("hf", ("scalekit.hf",)),  # the Transformers bridge: the family, the Trainer's arguments and callback
-    ("families", ("scalekit.hf.family_of",)),  # which family a model gets: yours, Hugging Face's, or a plain module's
+    # which family a model gets (yours, Hugging Face's, or a plain module's), and which tokenizer its data file goes through
+    ("families", ("scalekit.hf.family_of", "scalekit.hf.tokenizer_of")),
     ("config", ("scalekit.training.config",)),
     ("generation", ("scalekit.inference",)),
     ("training", ("scalekit.training.build", "scalekit.training.evaluation")),

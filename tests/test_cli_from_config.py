@@ -26,6 +26,7 @@ from scalekit.inference.config import GenerateConfig
 from scalekit.toggles import TOGGLES
 from scalekit.training.config import PRESET_NAMES, RunConfig
 from scalekit.training.ladder import LADDERS
+from tests.own_files import write_texts
 
 CONFIGS = (RunConfig, GenerateConfig)
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,8 +224,9 @@ def builds_a_generation(args) -> bool:
 
 
 @pytest.mark.parametrize("line", documented_commands())
-def test_a_documented_command_still_parses_and_builds_its_config(line):
-    args = parser().parse_args(shlex.split(line))
+def test_a_documented_command_still_parses_and_builds_its_config(line, tmp_path):
+    data_file = write_texts(tmp_path, ["A line of text."], "jsonl", field="body")  # the docs' train.jsonl
+    args = parser().parse_args([str(data_file) if w == "train.jsonl" else w for w in shlex.split(line)])
     toggles = cli._toggles(args) if hasattr(args, "toggle") else {}
     if builds_a_generation(args):
         cfg = cli._generate_config(args, toggles, ladder=args.command != "generate")

@@ -82,7 +82,13 @@ def shakespeare_loader(seq_len: int, batch_size: int, seed: int, drop_last: bool
                        split: str = "train", **loader_kwargs) -> DataLoader:
     """A DataLoader of endless full batches of windows of the corpus (FullBatches: no short batch at an
     epoch's end)."""
-    dataset = TokenWindows(load_tokens(split), seq_len)
+    return token_loader(load_tokens(split), seq_len, batch_size, seed, drop_last, **loader_kwargs)
+
+
+def token_loader(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, drop_last: bool = False,
+                 **loader_kwargs) -> DataLoader:
+    """Endless full batches of windows of `tokens` (the corpus's split, or a data file's training part)."""
+    dataset = TokenWindows(tokens, seq_len)
     generator = torch.Generator().manual_seed(seed)
     sampler = FullBatches(len(dataset), batch_size, generator, drop_last)
     # the loader draws from the generator too (a seed for workers) before the sampler's first shuffle,

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError
 from .user import readable
@@ -97,17 +97,29 @@ def pack_row(docs: list[torch.Tensor], seq_len: int) -> dict[str, torch.Tensor]:
 
 
 class PackedDocuments(IterableDataset):
-    """`dataset`'s documents packed greedily, in order, into rows of `seq_len` tokens, without end."""
+    """`dataset`'s documents packed greedily, in order, into rows of `seq_len` tokens, without end.
 
-    def __init__(self, dataset: Any, seq_len: int, seed: int):
+    Read by DataLoader workers, each worker yields the rows of every num_workers-th batch of `batch_size` rows
+    (worker k: batches k, k + n, ...), which the DataLoader takes from its workers in turn: the same batches, in
+    the same order, as without workers (not each worker the whole stream, every batch n times)."""
+
+    def __init__(self, dataset: Any, seq_len: int, seed: int, batch_size: int = 1):
         check_row_length(seq_len)  # refused here, before anything reads the dataset
-        self.dataset, self.seq_len, self.seed = dataset, seq_len, seed
+        self.dataset, self.seq_len, self.seed, self.batch_size = dataset, seq_len, seed, batch_size
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        share, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for k, row in enumerate(self._rows()):
+            if (k // self.batch_size) % workers == share:
+                yield pack_row(row, self.seq_len)  # (only this worker's rows are made into tensors)
+
+    def _rows(self) -> Iterator[list[torch.Tensor]]:
+        """The documents (pieces) of each row, in order."""
         row: list[torch.Tensor] = []
         for piece in pieces(documents(self.dataset, self.seed), self.seq_len):
             if sum(len(d) for d in row) + len(piece) > self.seq_len:
-                yield pack_row(row, self.seq_len)
+                yield row
                 row = []
             row.append(piece)
 

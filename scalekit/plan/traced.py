@@ -27,8 +27,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..data import first_batch, to_device
+from ..data.files import is_data_path
 from ..data.packing import PackedDocuments
 from ..errors import PlanUnavailable
+from ..hf.tokenizer_of import tokenized_data
 from ..machine.hardware import Hardware
 from ..measure import memory
 from ..toggles import TOGGLES
@@ -44,6 +46,21 @@ def planning_hardware(device_type: str) -> Hardware:
     return Hardware(device_type, 0 if cuda else None, f"planned {device_type}", (8, 0) if cuda else None,
                     bf16_supported=True, tf32_supported=cuda, total_mem_bytes=None, cpu_count=os.cpu_count() or 1,
                     torch_version=torch.__version__, cuda_version=torch.version.cuda)
+
+
+def _real_batch(cfg, facts, traced_cfg):
+    """`traced_cfg` reading one real batch, read here, as a batch_fn's: of your dataset, or of your data file's
+    documents packed (their rows and mask); else `traced_cfg` as it is."""
+    if cfg.dataset is not None:
+        sample = first_batch(PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), cfg.batch_size, cfg.seed) \
+            if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
+    elif facts.packed_rows and is_data_path(cfg.data):
+        sample = first_batch(PackedDocuments(tokenized_data(cfg).documents("train"), cfg.seq_len, cfg.seed),
+                             cfg.batch_size, cfg.seed)
+    else:
+        return traced_cfg
+    return dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
+                               batch_fn=lambda batch_size, device: to_device(sample, device))
 
 
 def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tuple[int, int]] | None = None
@@ -65,12 +82,7 @@ def traced_estimate(cfg, facts, device_type: str, label: str, quantized: list[tu
     # (and a model family's default batches: Hugging Face reads windows of the corpus) as random tokens of the
     # same shape (the loader itself cannot run on fake tensors)
     data = cfg.data if cfg.batch_fn is not None else "synthetic"
-    traced_cfg = dataclasses.replace(cfg, toggles=toggles, init="random", data=data)
-    if cfg.dataset is not None:  # your dataset: one real batch of it, read here, traced as a batch_fn's
-        sample = first_batch(PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), cfg.batch_size, cfg.seed) \
-            if facts.packed_rows else first_batch(cfg.dataset, cfg.batch_size, cfg.seed, cfg.collate_fn)
-        traced_cfg = dataclasses.replace(traced_cfg, dataset=None, collate_fn=None, data="custom",
-                                         batch_fn=lambda batch_size, device: to_device(sample, device))
+    traced_cfg = _real_batch(cfg, facts, dataclasses.replace(cfg, toggles=toggles, init="random", data=data))
     with FakeTensorMode(allow_non_fake_inputs=True), _no_op_moves_skipped(), contextlib.ExitStack() as stack:
         try:
             step = _trace(traced_cfg, planning_hardware(device_type), stack, facts.tensor_parallel)

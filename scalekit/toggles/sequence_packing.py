@@ -3,6 +3,7 @@ padding; each document keeps its own positions and attends only to itself (a blo
 
 from __future__ import annotations
 
+from ..data.files import is_data_path
 from ..data.packing import check_row_length
 from .base import BuildContext, Spelling, Toggle, Tune
 
@@ -19,9 +20,10 @@ class SequencePacking(Toggle):
     tuning = (Tune(True, rank=75, label="sequence packing"),)
 
     def changes_nothing(self, cfg) -> str | None:
-        if cfg.dataset is None:
-            return ("sequence_packing changes nothing without RunConfig.dataset: it packs a dataset of variable-length "
-                    "documents (input_ids of any length); the built-in corpus and batch_fn make full rows already")
+        if cfg.dataset is None and not is_data_path(cfg.data):
+            return ("sequence_packing changes nothing without RunConfig.dataset or a data file (RunConfig.data=PATH): "
+                    "it packs variable-length documents (input_ids of any length); the built-in corpus and batch_fn "
+                    "make full rows already")
         return None
 
     def applies_to(self, adapter) -> tuple[bool, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..data.files import is_data_path
 from .base import BuildContext, Spelling, Toggle, Tune
 
 
@@ -20,6 +21,8 @@ class TrainingFormat(Toggle):
             why = {"shakespeare": "it already reads the training format",
                    "dataset": "your dataset reads its samples itself, in its own format (RunConfig.dataset)",
                    "custom": "your batch_fn makes its batches itself"}.get(cfg.data, "no raw text is read")
+            if is_data_path(cfg.data):
+                why = "a data file is read in the training format always (tokenized once, then from its cache)"
             return f"training_format changes nothing for data={cfg.data!r}: {why}"
         return None
 

@@ -29,10 +29,13 @@ from ..data import (
     synthetic_batches,
     to_device,
 )
+from ..data.files import is_data_path
+from ..data.loaders import token_loader
 from ..data.packing import PackedDocuments, real_tokens
 from ..distributed import runtime, sharding
 from ..errors import ConfigError
 from ..hf.family_of import model_adapter
+from ..hf.tokenizer_of import tokenized_data
 from ..machine import hardware
 from ..measure import flops as flops_mod
 from ..measure import memory
@@ -160,6 +163,10 @@ def make_batches(ctx: BuildContext) -> Iterator:
         dataset, collate_fn = run_dataset(ctx)
         loader = dataset_loader(dataset, cfg.batch_size, cfg.seed, collate_fn, **ctx.loader_kwargs)
         return LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
+    if is_data_path(cfg.data):  # your data file, tokenized with the model's tokenizer (cached)
+        loader, convert = file_loader(ctx, ctx.loader_kwargs)
+        batches = LoaderBatches(loader, device, non_blocking=ctx.non_blocking_copy)
+        return batches if convert is None else MappedBatches(batches, convert)
     adapter = ctx.model_adapter
     if adapter is not None and cfg.data == "synthetic":  # a model family's own random tokens (its vocabulary)
         return adapter.batches(cfg, device, ctx.loader_kwargs)
@@ -178,11 +185,33 @@ def make_batches(ctx: BuildContext) -> Iterator:
     return batches if adapter is None else MappedBatches(batches, lambda xy: adapter.batch_of(*xy))
 
 
+def file_loader(ctx: BuildContext, loader_kwargs: dict) -> tuple:
+    """(the DataLoader over the training part of the run's data file, what turns its batches into the model
+    family's, or None): windows of its tokens end to end, or with sequence_packing its documents packed into rows."""
+    cfg, adapter = ctx.config, ctx.model_adapter
+    tokenized = tokenized_data(cfg)
+    vocab = ctx.gpt_config.vocab_size if ctx.gpt_config is not None else getattr(adapter, "vocab_size", None)
+    if vocab is not None and tokenized.meta["vocab_size"] > vocab:
+        raise ConfigError(f"RunConfig.data={cfg.data!r}: its tokenizer has {tokenized.meta['vocab_size']:,} ids, "
+                          f"more than the model's vocabulary of {vocab:,}: give the model its own tokenizer's folder")
+    ctx.notes.extend(n for n in tokenized.notes() if n not in ctx.notes)
+    if ctx.pack_sequences:
+        packed = PackedDocuments(tokenized.documents("train"), cfg.seq_len, cfg.seed, cfg.batch_size)
+        return dataset_loader(packed, cfg.batch_size, cfg.seed, **loader_kwargs), None
+    tokens = tokenized.part("train")[0]
+    if len(tokens) < cfg.seq_len + 1:
+        raise ConfigError(f"RunConfig.data={cfg.data!r}: its training part (the first 90% of its tokens) holds "
+                          f"{len(tokens):,} tokens, fewer than one window of seq_len+1={cfg.seq_len + 1}: give more "
+                          f"text or a shorter seq_len")
+    loader = token_loader(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, **loader_kwargs)
+    return loader, None if adapter is None else (lambda xy: adapter.batch_of(*xy))
+
+
 def run_dataset(ctx: BuildContext) -> tuple:
     """(the dataset the DataLoader reads, its collate_fn): the user's, or its documents packed into full rows."""
     cfg = ctx.config
     if ctx.pack_sequences:
-        return PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed), None
+        return PackedDocuments(cfg.dataset, cfg.seq_len, cfg.seed, cfg.batch_size), None
     return cfg.dataset, cfg.collate_fn
 
 
@@ -246,6 +275,10 @@ def sample_batch(cfg: RunConfig, ctx: BuildContext):
     if cfg.dataset is not None:
         dataset, collate_fn = run_dataset(ctx)
         return to_device(first_batch(dataset, cfg.batch_size, cfg.seed, collate_fn), ctx.device)
+    if is_data_path(cfg.data):
+        loader, convert = file_loader(ctx, {})
+        batch = to_device(next(iter(loader)), ctx.device)
+        return batch if convert is None else convert(batch)
     return next(ctx.model_adapter.batches(cfg, ctx.device, {}))
 
 

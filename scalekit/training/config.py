@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,12 @@ from ..checks import (
     int_in,
 )
 from ..data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
+from ..data.files import ALLOWED as DATA_FILES
+from ..data.files import data_format, is_data_path, path_exists
 from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..hf.family_of import model_adapter, toggle_family
+from ..hf.tokenizer_of import no_tokenizer
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from ..toggles import TOGGLES, check_combination, mesh_dims, normalise
 
@@ -56,7 +60,10 @@ class RunConfig:
     data: str = "auto"
     """'shakespeare' (the shipped corpus, pre-tokenized), 'shakespeare-raw' (its raw text, tokenized and
     transformed per sample: the slow pipeline of chapter 05), 'synthetic' (random tokens), 'new-plays' (the
-    corpus' tail the shipped model never saw, for fine-tuning), or 'auto' (the preset's choice)."""
+    corpus' tail the shipped model never saw, for fine-tuning), 'auto' (the preset's choice), or the path of your
+    data file: .jsonl, .json, .parquet, .txt (one document), a folder saved by datasets.save_to_disk or a folder of
+    .txt files, tokenized once with the model's own tokenizer and cached (scalekit.data.tokenized); the run trains
+    on its first 90% of tokens, and its held-out loss is measured on the rest before and after."""
     transform_rounds: int | None = None
     """With data='shakespeare-raw': what its per-sample transform (character noise) costs, in hash rounds per
     token (the work grows linearly with it; 0: no transform; None: scalekit.data.DEFAULT_TRANSFORM_ROUNDS)."""
@@ -109,6 +116,9 @@ class RunConfig:
     """torch's intra-op threads for the run, restored after it (None: the cores other processes are not already
     using, at least one and at most torch's own setting, decided once per process so every row of a comparison
     gets the same; a launched rank keeps its launcher's)."""
+    text_field: str = "text"
+    """With data=PATH: the field of each row that holds its text (a file without it but with 'messages' is read as
+    chats, through the tokenizer's chat template)."""
 
     def __post_init__(self) -> None:
         self.toggles = normalise(self.toggles)
@@ -145,15 +155,40 @@ class RunConfig:
         self._validate_loops()
 
     def _validate_data(self) -> None:
-        if not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
-                                              and not (self.data in ("custom", "dataset") and self.model is not None)):
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ConfigError(f"RunConfig.text_field must be the name of a field of your data file, got "
+                              f"{self.text_field!r}")
+        if isinstance(self.data, os.PathLike):
+            self.data = os.fspath(self.data)
+        if is_data_path(self.data):
+            self._validate_data_file()
+        elif not isinstance(self.data, str) or (self.data not in ("auto", *DATA_SOURCES)
+                                                and not (self.data in ("custom", "dataset") and self.model is not None)):
             raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}; allowed: "
-                              f"{_allowed(('auto', *DATA_SOURCES))}")
+                              f"{_allowed(('auto', *DATA_SOURCES))}, or the path of a data file ({DATA_FILES})")
         if self.transform_rounds is None:
             return
         int_in("RunConfig", "transform_rounds", self.transform_rounds, *TRANSFORM_ROUNDS_RANGE)
         if self.data not in ("shakespeare-raw", "auto"):  # 'auto' is checked once resolved (the data ladder's)
             _transform_without_raw(self.data)
+
+    def _validate_data_file(self) -> None:
+        """A data file: one that can be read, for a model with a tokenizer, that nothing else feeds."""
+        if not path_exists(self.data):
+            raise ConfigError(f"RunConfig.data: unknown data source {self.data!r}, and no file or folder of that name; "
+                              f"allowed: {_allowed(('auto', *DATA_SOURCES))}, or the path of a data file ({DATA_FILES})")
+        data_format(self.data)
+        for other in ("dataset", "batch_fn"):
+            if getattr(self, other) is not None:
+                raise ConfigError(f"RunConfig.data={self.data!r} and RunConfig.{other} both give the data: give one")
+        if why := no_tokenizer(self.model, self.data):
+            raise ConfigError(why)
+        if self.model is None and "sequence_packing" in self.toggles:
+            raise ConfigError(f"RunConfig.toggles: sequence_packing packs the documents of RunConfig.data="
+                              f"{self.data!r} into rows with per-document position ids and a block-diagonal "
+                              f"attention mask, which the built-in GPT's forward does not take: give a Hugging Face "
+                              f"model (a checkpoint folder), or leave sequence_packing off (the file is read as "
+                              f"windows of its tokens end to end)")
 
     def _validate_model(self) -> None:
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None

@@ -17,8 +17,10 @@ import torch
 
 from .. import plan
 from ..data import load_tokens
+from ..data.files import is_data_path
 from ..data.loaders import FINETUNE_HELDOUT
 from ..distributed import runtime
+from ..hf.tokenizer_of import tokenized_data
 from ..machine import hardware
 from ..measure import flops, memory
 from ..measure.attention_backend import AttentionWatch, backends_note
@@ -188,10 +190,14 @@ HELDOUT_WINDOWS = 32  # windows of the held-out part read before and after a fin
 
 
 def heldout_tokens(cfg: RunConfig):
-    """The held-out text of a fine-tuning data source (None for the other sources, and your own data)."""
-    if cfg.custom_model or cfg.data not in FINETUNE_HELDOUT:
+    """The held-out text of a fine-tuning data source or of your data file (its last 10% of tokens); None for the
+    other sources and your own dataset or batch_fn."""
+    if is_data_path(cfg.data):
+        tokens = tokenized_data(cfg).part("heldout")[0]
+    elif cfg.custom_model or cfg.data not in FINETUNE_HELDOUT:
         return None
-    tokens = load_tokens(FINETUNE_HELDOUT[cfg.data])
+    else:
+        tokens = load_tokens(FINETUNE_HELDOUT[cfg.data])
     windows = min(HELDOUT_WINDOWS, (len(tokens) - 1) // cfg.seq_len)
     return tokens[: windows * cfg.seq_len + 1] if windows else None
 

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from ..data import dataset_loader, load_tokens, synthetic_batches, to_device
+from ..data.files import is_data_path
 from ..data.loaders import FINETUNE_HELDOUT
 from ..errors import ConfigError
+from ..hf.tokenizer_of import tokenized_data
 from ..inference.config import corpus_tokenizer
 from ..inference.loop import decode, step_contexts
 from ..models.presets import PRESETS
@@ -42,9 +44,10 @@ def heldout_batches(cfg, device, family=None) -> list:
         vocab = family.vocab_size if family is not None else PRESETS[cfg.preset].vocab_size
         batches = synthetic_batches(vocab, cfg.seq_len, cfg.batch_size, cfg.seed + 1, device)
         return [convert(x, y) for x, y in islice(batches, cfg.eval_batches)]
-    # the held-out part of what the run trains on: a fine-tuning source's own held-out split (its training text
-    # is part of the corpus's validation split), else the corpus's validation split
-    tokens = np.asarray(load_tokens(FINETUNE_HELDOUT.get(cfg.data, "val")))
+    # the held-out part of what the run trains on: a data file's last 10%, a fine-tuning source's own held-out split
+    # (its training text is part of the corpus's validation split), else the corpus's validation split
+    tokens = np.asarray(tokenized_data(cfg).part("heldout")[0] if is_data_path(cfg.data) else
+                        load_tokens(FINETUNE_HELDOUT.get(cfg.data, "val")))
     T, B = cfg.seq_len, cfg.batch_size
     fit = (len(tokens) - 1) // T
     if fit < B:

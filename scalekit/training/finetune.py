@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 
 from ..comparison.repeats import check_repeats, repeat_rows, timing_only
+from ..data.files import is_data_path
 from ..errors import ToggleUnavailable
 from ..machine.hardware import cuda_gpu_present, detect
 from ..measure.session import pin_threads
@@ -110,7 +111,8 @@ def _finetune_base(base: RunConfig | None) -> RunConfig:
         return finetune_config()
     if base.preset == "auto" and not base.custom_model:  # the command line's default: the fine-tuning model
         return finetune_config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)
-                                  if f.name not in ("preset", "init", "data", "lr", "seq_len")
+                                  if f.name not in ("preset", "init", "lr", "seq_len")
+                                  and (f.name != "data" or is_data_path(base.data))
                                   and getattr(base, f.name) != f.default
                                   and f.default_factory is dataclasses.MISSING},
                                **({"seq_len": base.seq_len} if base.seq_len else {}))
