@@ -195,6 +195,14 @@ def fresh_cache(tmp_path, monkeypatch):
     shakespeare._VALIDATED.clear()
 
 
+@pytest.fixture(scope="module")
+def raw_batches():
+    """The raw data source's first batches at tests.helpers.SHAPES: what the data toggles must give batch for batch."""
+    from tests.helpers import SHAPES, batches, tiny
+
+    return batches(tiny(**SHAPES))
+
+
 @pytest.fixture
 def eager_compile(monkeypatch):
     """torch.compile on dynamo's eager backend: the wiring of every compile mode, without inductor's kernels (each a

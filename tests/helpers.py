@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,8 +12,10 @@ from pathlib import Path
 import torch
 
 from scalekit import RunConfig, build, detect
+from scalekit.training import train_step
 
 CPU = detect("cpu")
+COPY_TOGGLES = ("dataloader_pin_memory", "non_blocking")  # the host-to-device copy toggles (tests/toggles)
 
 
 def tiny(**kwargs) -> RunConfig:
@@ -28,6 +31,45 @@ def built(cfg: RunConfig, hw=CPU):
     cfg = cfg.resolve(hw)
     with contextlib.ExitStack() as stack:
         yield build(cfg, hw, stack)
+
+
+def grads_of_one_step(cfg, batch=None) -> dict[str, torch.Tensor]:
+    """The gradients the optimizer sees in one train_step of `cfg` (read from a step pre-hook)."""
+    seen = {}
+    with built(cfg) as ctx:
+        names = {p: n for n, p in ctx.base_model.named_parameters()}
+
+        def read(optimizer, args, kwargs):
+            seen.update({names[p]: p.grad.clone() for g in optimizer.param_groups for p in g["params"]})
+
+        ctx.optimizer.register_step_pre_hook(read)
+        train_step(ctx, batch if batch is not None else next(ctx.batches))
+        assert all(p.grad is None for p in ctx.base_model.parameters())  # zero_grad(set_to_none=True)
+    return seen
+
+
+def assert_same_grads(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# -- batches of the raw data source (tests/data/test_data_pipeline.py, the data toggles' files) -------------------
+# long windows and large batches: an epoch is a few batches, so the batches compared cross epoch edges and
+# the raw text's block edges (every 65,536 characters), at a transform cost of one round
+SHAPES = dict(seq_len=4096, batch_size=100, data="shakespeare-raw", transform_rounds=1)
+N_BATCHES = 6  # 600 windows: the train split holds 245 of 4096 characters
+
+
+def batches(cfg: RunConfig, n: int = N_BATCHES) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with built(cfg) as ctx:
+        return list(itertools.islice(ctx.batches, n))
+
+
+def assert_same(a, b) -> None:
+    assert len(a) == len(b)
+    for k, ((xa, ya), (xb, yb)) in enumerate(zip(a, b, strict=True)):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb), f"batch {k} differs"
 
 
 LIBRARY_WORDS = ("Failed to load", "Warning", "warn(", "[transformers]", "UserWarning", "W1", "loss_type")

@@ -1,8 +1,7 @@
-"""The raw data source and the toggles that change its pieces give the same batches, in the same order."""
+"""The raw data source gives the same batches, in the same order, as the pre-tokenized one without its transform;
+its noise; its settings.  The data toggles' own checks are in tests/toggles/test_<name>.py."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
@@ -13,43 +12,24 @@ from scalekit import RunConfig, run
 from scalekit.data import noise
 from scalekit.errors import ConfigError
 from scalekit.toggles import TOGGLES
-from tests.helpers import CPU, Regressor, built, learns, mse_loss, regression_batch, tiny
-
-# long windows and large batches: an epoch is a few batches, so the batches compared cross epoch edges and
-# the raw text's block edges (every 65,536 characters), at a transform cost of one round
-SHAPES = dict(seq_len=4096, batch_size=100, data="shakespeare-raw", transform_rounds=1)
-N_BATCHES = 6  # 600 windows: the train split holds 245 of 4096 characters
-
-
-def batches(cfg: RunConfig, n: int = N_BATCHES) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    with built(cfg) as ctx:
-        return list(itertools.islice(ctx.batches, n))
-
-
-def assert_same(a, b) -> None:
-    assert len(a) == len(b)
-    for k, ((xa, ya), (xb, yb)) in enumerate(zip(a, b, strict=True)):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb), f"batch {k} differs"
-
-
-@pytest.fixture(scope="module")
-def raw_batches():
-    return batches(tiny(**SHAPES))
+from tests.helpers import (
+    CPU,
+    SHAPES,
+    Regressor,
+    assert_same,
+    batches,
+    built,
+    learns,
+    mse_loss,
+    regression_batch,
+    tiny,
+)
 
 
 def test_the_raw_source_cuts_the_same_windows_in_the_same_order_as_the_training_format_source():
     # without its transform, the raw source is the pre-tokenized "shakespeare" source, batch for batch
     raw = batches(tiny(**{**SHAPES, "transform_rounds": 0}))
     assert_same(raw, batches(tiny(seq_len=4096, batch_size=100, data="shakespeare")))
-
-
-def test_training_format_gives_the_same_token_batches_as_tokenizing_raw_text(raw_batches):
-    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["training_format"])))
-
-
-def test_vectorized_transforms_give_the_same_batches_as_the_per_sample_loop(raw_batches):
-    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["vectorized_transforms"])))
-    assert_same(raw_batches, batches(tiny(**SHAPES, toggles=["vectorized_transforms", "training_format"])))
 
 
 def test_the_noise_touches_inputs_only_about_5_percent_and_fresh_each_epoch(raw_batches):

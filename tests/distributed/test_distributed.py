@@ -18,8 +18,8 @@ from scalekit.launch import launch, launch_run
 from scalekit.measure.results import RunResult, StepRecord
 from scalekit.toggles import needs_process_group
 from scalekit.training import build, train_step
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
 STEPS = 3

@@ -25,7 +25,7 @@ from scalekit.toggles import mesh_dims
 from tests.distributed.test_distributed_parallel import BATCH, CPU, close, ladder_run, train, train_and_peak
 from tests.distributed.test_distributed_pipeline_hf import config as llama_config
 from tests.distributed.test_distributed_pipeline_hf import each_stage_within_15_percent, gpt_config, tied
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 PP_TP = {"pipeline_parallel": "1f1b/2,stages=2", "tensor_parallel": 2}
 THREE_D = {**PP_TP, "fsdp": True}  # on 8 ranks: (2, 2, 2), each pipeline 4 rows of the 8 in 2 micro-batches

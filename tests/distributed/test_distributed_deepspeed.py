@@ -25,8 +25,8 @@ from scalekit.launch import launch
 from scalekit.toggles.deepspeed import ds_config
 from scalekit.training import build
 from tests.families import PlainLM, hf_model, lm_loss, token_pairs
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 from tests.helpers import losses_over_ranks, tiny
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
 STEPS = 4

@@ -17,7 +17,7 @@ import scalekit
 from scalekit.launch import launch
 from scalekit.toggles import ORDER
 from tests.families import MODEL_KINDS, WITH, modes, one_line, one_step
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 RANKS = 2

@@ -18,8 +18,8 @@ from scalekit import RunConfig, distributed
 from scalekit.launch import launch
 from scalekit.toggles import needs_process_group
 from scalekit.training import build
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 from tests.helpers import losses_over_ranks
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
 STEPS = 3

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
+from tests.forking import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
 
 def run_python(code: str) -> dict:

@@ -13,7 +13,7 @@ import scalekit  # noqa: E402
 from scalekit import RunConfig  # noqa: E402
 from scalekit.hf import causal_lm  # noqa: E402
 from scalekit.launch import launch_run  # noqa: E402
-from tests.launch.test_launch import no_process_left_behind  # noqa: E402, F401 - the same deadline and cleanup here
+from tests.forking import no_process_left_behind  # noqa: E402, F401 - the same deadline and cleanup here
 
 
 def config(**toggles) -> RunConfig:

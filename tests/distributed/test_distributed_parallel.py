@@ -24,8 +24,8 @@ from scalekit.plan import estimate
 from scalekit.toggles import needs_process_group
 from scalekit.toggles.tensor_parallel import parse
 from scalekit.training import build, probe_step_memory, step_tracker, train_step
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 from tests.helpers import Regressor, tiny
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 CPU = scalekit.detect("cpu")
 STEPS = 3

@@ -19,7 +19,7 @@ from scalekit.errors import ConfigError, ToggleUnavailable
 from scalekit.launch import launch
 from tests.distributed.test_distributed_parallel import BATCH, close, train
 from tests.families import hf_config, hf_model
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 SPLIT = {  # name: (family, toggles)
     "pipeline_parallel, Phi-3": ("phi3", {"pipeline_parallel": "gpipe"}),

@@ -26,7 +26,7 @@ from tests.distributed.test_distributed_parallel import (
     train,
     train_and_peak,
 )
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
 SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=16)

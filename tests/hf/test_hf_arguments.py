@@ -128,7 +128,7 @@ def test_an_export_divides_the_batch_over_the_data_parallel_ranks_only():
 
 
 def test_the_spellings_that_share_one_training_arguments_value_build_the_same_optimizer():
-    from tests.toggles.test_checkpointing import built
+    from tests.helpers import built
 
     for alias, canonical in ((["fused_adamw"], {"optim": "adamw_torch_fused"}), ({"optim": "adamw_torch"}, {})):
         back = RunConfig.from_training_arguments(RunConfig(toggles=alias, batch_size=8).to_training_arguments())

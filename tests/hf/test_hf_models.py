@@ -11,8 +11,7 @@ from scalekit import ConfigError, RunConfig, ToggleUnavailable, estimate, run  #
 from scalekit.hf import HFCausalLM, causal_lm, model_config  # noqa: E402
 from scalekit.ladder import ladder  # noqa: E402
 from scalekit.models.blocks import find_blocks  # noqa: E402
-from tests.helpers import learns  # noqa: E402
-from tests.toggles.test_checkpointing import assert_same_grads, built, grads_of_one_step  # noqa: E402
+from tests.helpers import assert_same_grads, built, grads_of_one_step, learns  # noqa: E402
 
 FAMILIES = ["gpt2", "llama"]
 

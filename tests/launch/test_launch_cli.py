@@ -14,8 +14,8 @@ import pytest
 import scalekit
 from scalekit.cli import main
 from scalekit.launch import torchrun_command
+from tests.forking import no_process_left_behind  # noqa: F401 - deadline and cleanup
 from tests.helpers import tiny
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
 SCRIPT = textwrap.dedent("""
     import os, sys

@@ -36,8 +36,8 @@ from scalekit.errors import ConfigError
 from scalekit.launch import LaunchError, launch, launch_run, launch_script
 from scalekit.launch.run_files import LOCK_NAME, remove_stale_folders, run_folder
 from scalekit.launch.signals import Signals
+from tests.forking import no_process_left_behind  # noqa: F401 - deadline and cleanup
 from tests.helpers import Regressor, mse_loss, regression_batch, tiny
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
 HANG_LIMIT_S = 3  # the time limit the hang tests set; they must end within HANG_LIMIT_S + SLACK_S
 SLACK_S = 15  # generous: two shared cores

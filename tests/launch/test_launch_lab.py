@@ -10,8 +10,8 @@ import time
 import torch.distributed as dist
 
 from scalekit import Lab, detect
+from tests.forking import no_process_left_behind  # noqa: F401 - deadline and cleanup
 from tests.helpers import Regressor, mse_loss, regression_batch
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
 WAIT_S = 120
 LAUNCH_LIMIT_S = 60  # below WAIT_S: a rank that hangs fails the run, with the ranks named, instead of the wait

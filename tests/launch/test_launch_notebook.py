@@ -10,7 +10,7 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
-from tests.launch.test_launch import no_process_left_behind  # noqa: F401 - deadline and cleanup
+from tests.forking import no_process_left_behind  # noqa: F401 - deadline and cleanup
 
 
 def output_text(cell) -> str:

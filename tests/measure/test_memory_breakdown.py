@@ -9,8 +9,7 @@ import pytest
 from scalekit import estimate, run
 from scalekit.figures import PARTS, memory_breakdown_figure
 from scalekit.measure.memory import storage_bytes
-from tests.helpers import tiny
-from tests.toggles.test_checkpointing import built
+from tests.helpers import built, tiny
 
 ONE_STEP = dict(steps=1, warmup_steps=0)
 

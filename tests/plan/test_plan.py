@@ -12,6 +12,7 @@ from tests.helpers import (
     ConvNet,
     NanoStyleGPT,
     Regressor,
+    built,
     classify_loss,
     image_batch,
     mse_loss,
@@ -19,7 +20,6 @@ from tests.helpers import (
     regression_batch,
     token_batch,
 )
-from tests.toggles.test_checkpointing import built
 
 SMALL = dict(preset="small", batch_size=8)
 # (id, config): precision, attention, optimizer, accumulation and checkpointing, alone and together

@@ -10,8 +10,7 @@ from scalekit import RunConfig, ToggleUnavailable, run
 from scalekit.toggles import TOGGLES
 from scalekit.toggles.activation_offload import offloaded
 from scalekit.training import train_step
-from tests.helpers import CPU, tiny
-from tests.toggles.test_checkpointing import assert_same_grads, built, grads_of_one_step
+from tests.helpers import CPU, assert_same_grads, built, grads_of_one_step, tiny
 
 
 def test_unavailable_on_the_cpu_with_the_reason():

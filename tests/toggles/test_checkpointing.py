@@ -1,4 +1,4 @@
-"""grad_accum, checkpointing and empty_cache_steps: same gradients, less memory, clear errors."""
+"""checkpointing: identical gradients, less activation memory, the chosen blocks only, a model of your own."""
 
 from __future__ import annotations
 
@@ -6,70 +6,20 @@ import pytest
 import torch
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
-from scalekit.toggles import TOGGLES
-from scalekit.training import train_step
-from tests.helpers import CPU, Regressor, built, mse_loss, regression_batch, tiny
-
-
-def grads_of_one_step(cfg, batch=None) -> dict[str, torch.Tensor]:
-    """The gradients the optimizer sees in one train_step of `cfg` (read from a step pre-hook)."""
-    seen = {}
-    with built(cfg) as ctx:
-        names = {p: n for n, p in ctx.base_model.named_parameters()}
-
-        def read(optimizer, args, kwargs):
-            seen.update({names[p]: p.grad.clone() for g in optimizer.param_groups for p in g["params"]})
-
-        ctx.optimizer.register_step_pre_hook(read)
-        train_step(ctx, batch if batch is not None else next(ctx.batches))
-        assert all(p.grad is None for p in ctx.base_model.parameters())  # zero_grad(set_to_none=True)
-    return seen
-
-
-def assert_same_grads(a: dict, b: dict, atol: float) -> None:
-    assert a.keys() == b.keys() and a
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
-
+from tests.helpers import (
+    Regressor,
+    assert_same_grads,
+    built,
+    grads_of_one_step,
+    mse_loss,
+    regression_batch,
+    tiny,
+)
 
 # -- values and errors --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,value,expected", [
-    ("grad_accum", True, 4), ("grad_accum", 2, 2), ("grad_accum", "8", 8),
-    ("empty_cache_steps", True, 1), ("empty_cache_steps", "10", 10),
-    ("checkpointing", True, 1), ("checkpointing", 3, 3), ("checkpointing", "2", 2),
-    ("checkpointing", "sequential", "sequential"),
-])
-def test_count_toggles_accept_whole_numbers_and_numeric_strings(name, value, expected):
-    assert TOGGLES[name].validate(value) == expected
-
-
-@pytest.mark.parametrize("name", ["grad_accum", "empty_cache_steps", "checkpointing"])
-@pytest.mark.parametrize("bad", [0, -2, 2.5, "four", "0"])
-def test_count_toggles_refuse_other_values_naming_the_field(name, bad):
-    with pytest.raises(ConfigError, match=rf"toggles\['{name}'\].*positive whole number"):
-        RunConfig(toggles={name: bad})
-
-
-def test_grad_accum_must_divide_the_batch():
-    with pytest.raises(ConfigError, match=r"grad_accum'\]=3 must divide batch_size=8.*1, 2, 4, 8"):
-        run(tiny(batch_size=8, toggles={"grad_accum": 3}))
 
 
 # -- gradient accumulation ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("k", [2, 4])
-def test_accumulation_gives_the_gradients_of_the_whole_batch(k):
-    with built(tiny(batch_size=8)) as ctx:
-        batch = next(ctx.batches)
-    whole = grads_of_one_step(tiny(batch_size=8), batch)
-    accumulated = grads_of_one_step(tiny(batch_size=8, toggles={"grad_accum": k}), batch)
-    assert_same_grads(whole, accumulated, atol=1e-6)
-
-
-def test_accumulation_lowers_measured_activation_memory():
-    base = run(tiny(batch_size=16, steps=1, warmup_steps=0))
-    acc = run(tiny(batch_size=16, steps=1, warmup_steps=0, toggles={"grad_accum": 4}))
-    assert acc.params_bytes == base.params_bytes and acc.optimizer_state_bytes == base.optimizer_state_bytes
-    assert acc.activations_bytes < 0.5 * base.activations_bytes
 
 
 # -- activation checkpointing -------------------------------------------------------------------------------
@@ -127,33 +77,6 @@ def test_checkpointing_a_model_of_your_own():
 
 
 # -- empty_cache_steps --------------------------------------------------------------------------------------
-def test_empty_cache_is_unavailable_on_cpu_with_the_reason():
-    ok, why = TOGGLES["empty_cache_steps"].available(CPU)
-    assert not ok and "CPU" in why and "cache" in why
-    with pytest.raises(ToggleUnavailable, match="empty_cache_steps.*no cache to empty"):
-        run(tiny(toggles={"empty_cache_steps": 2}))
-
-
-def test_empty_cache_every_n_steps_cpu_proxy(monkeypatch):
-    # the hook's own logic, on this machine: count the calls it would make on a GPU
-    calls = []
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(True))
-    with built(tiny()) as ctx:
-        TOGGLES["empty_cache_steps"].apply(ctx, 3)
-        for step in range(10):
-            for hook in ctx.after_step:
-                hook(step)
-    assert len(calls) == 3  # after steps 3, 6 and 9 (counted from 1)
-
-
-@pytest.mark.gpu
-def test_empty_cache_runs_on_gpu_and_is_called(monkeypatch):
-    calls = []
-    real = torch.cuda.empty_cache
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(True), real()))
-    result = run(RunConfig(preset="tiny", device="cuda", steps=8, warmup_steps=0, log_every=4,
-                           toggles={"empty_cache_steps": 2}))
-    assert result.status == "ok" and len(calls) >= 4
 
 
 @pytest.mark.gpu

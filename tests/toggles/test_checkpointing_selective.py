@@ -7,8 +7,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scalekit import RunConfig, estimate, run
-from tests.helpers import Regressor, mse_loss, regression_batch, tiny
-from tests.toggles.test_checkpointing import assert_same_grads, built, grads_of_one_step
+from tests.helpers import (
+    Regressor,
+    assert_same_grads,
+    built,
+    grads_of_one_step,
+    mse_loss,
+    regression_batch,
+    tiny,
+)
 
 
 @pytest.mark.parametrize("toggles", [{}, {"sdpa": True}])

@@ -9,8 +9,7 @@ import torch
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, estimate, run
 from scalekit.models.chunked_loss import chunked_cross_entropy
 from scalekit.toggles import TOGGLES
-from tests.helpers import CPU, tiny
-from tests.toggles.test_checkpointing import built, grads_of_one_step
+from tests.helpers import CPU, built, grads_of_one_step, tiny
 
 REL = 1e-5
 

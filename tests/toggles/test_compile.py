@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from scalekit import run
-from tests.helpers import tiny
+from tests.helpers import built, learns, tiny
+
+STEPS = dict(steps=30, warmup_steps=1, log_every=5)
 
 
 @pytest.mark.slow
@@ -21,3 +24,13 @@ def test_compiled_and_eager_losses_agree_after_n_steps():
     # compile captured the model whole: one graph (forward and backward), no break, no recompile after step 0
     assert (compiled.graphs_compiled, compiled.graph_breaks, compiled.recompiles_measured) == (1, 0, 0)
     assert not any("compile" in note for note in compiled.notes), compiled.notes
+
+
+@pytest.mark.slow
+def test_compile_wraps_the_model_and_learns():
+    with built(tiny(toggles={"compile": "default"})) as ctx:
+        assert isinstance(ctx.model, torch._dynamo.eval_frame.OptimizedModule)
+        assert ctx.model._orig_mod is ctx.base_model
+    result = run(tiny(toggles=["compile"], **STEPS))
+    assert learns(result)
+    assert result.compile_s is not None and result.compile_s > 0

@@ -8,8 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from scalekit import RunConfig, run
-from tests.helpers import Regressor, mse_loss, regression_batch, tiny
-from tests.toggles.test_checkpointing import built
+from tests.helpers import Regressor, built, mse_loss, regression_batch, tiny
 
 
 def one_step(toggles: dict, batch=None):

@@ -6,20 +6,17 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-import warnings
 
 import pytest
 import torch
 
 import scalekit.data.pipeline as pipeline
-import scalekit.data.raw as raw
 from scalekit import RunConfig, run
 from scalekit.toggles import TOGGLES
-from tests.helpers import CPU, built, learns, tiny
+from tests.helpers import COPY_TOGGLES, CPU, built, learns, tiny
 
-COPY_TOGGLES = ("dataloader_pin_memory", "non_blocking")
 PRETEND_GPU = dataclasses.replace(CPU, device_type="cuda", device_index=0, device_name="pretend GPU")
-RAW = dict(data="shakespeare-raw", transform_rounds=1)
+RAW = dict(data="shakespeare-raw", transform_rounds=1)  # the raw source: batches through a DataLoader
 
 
 @pytest.mark.parametrize("name", COPY_TOGGLES)
@@ -27,31 +24,6 @@ def test_copy_toggles_are_unavailable_on_the_cpu_and_say_why(name):
     ok, why = TOGGLES[name].available(CPU)
     assert not ok and "CPU" in why and "GPU" in why
     assert TOGGLES[name].available(PRETEND_GPU) == (True, "")
-
-
-@pytest.fixture
-def spies(monkeypatch):
-    """Pretend the copy toggles are available here, and record what the DataLoader and the copies were asked."""
-    for name in COPY_TOGGLES:
-        monkeypatch.setattr(TOGGLES[name], "available", lambda hw: (True, ""))
-    seen = {"loader_kwargs": [], "non_blocking": []}
-
-    class RecordingLoader(raw.DataLoader):
-        def __init__(self, *args, **kwargs):
-            seen["loader_kwargs"].append(kwargs)
-            super().__init__(*args, **kwargs)
-
-    copy = pipeline.to_device
-
-    def recording_copy(batch, device, non_blocking=False):
-        seen["non_blocking"].append(non_blocking)
-        return copy(batch, device, non_blocking)
-
-    monkeypatch.setattr(raw, "DataLoader", RecordingLoader)
-    monkeypatch.setattr(pipeline, "to_device", recording_copy)
-    with warnings.catch_warnings():  # torch's "no accelerator is found, pinned memory won't be used"
-        warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator", category=UserWarning)
-        yield seen
 
 
 def test_by_default_batches_are_copied_blocking_from_pageable_memory(spies):
@@ -68,13 +40,6 @@ def test_pinned_memory_and_non_blocking_reach_the_loader_and_the_copy_cpu_proxy(
     assert both.status == "ok" and both.losses == baseline.losses  # the same batches, the same training
     assert learns(both)
     assert not any("non_blocking without pinned" in note for note in both.notes)
-
-
-def test_non_blocking_alone_says_it_changes_nothing_from_pageable_memory(spies):
-    with built(tiny(**RAW, toggles=["non_blocking"])) as ctx:
-        next(ctx.batches)
-        assert any("non_blocking without pinned memory" in note for note in ctx.notes)
-    assert spies["non_blocking"] == [True]
 
 
 @pytest.mark.parametrize("name", COPY_TOGGLES)

@@ -5,6 +5,7 @@ are, and the counts in a training run (the built-in GPT, a Hugging Face Llama) a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -14,8 +15,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from scalekit import RunConfig, generate, run
 from scalekit.measure import attention_backend
 from scalekit.measure.attention_backend import AttentionWatch, backends_said, chosen_backend
+from scalekit.models import GPT, GPTConfig
 from scalekit.report import results_table
 from tests.families import hf_config
+from tests.helpers import built, tiny
 
 STEPS, WARMUP = 2, 1
 
@@ -104,3 +107,17 @@ def test_a_generation_reports_the_kernels_of_its_measured_tokens():
     # one forward per new token (the prefill makes the first), each calling SDPA once per block, whatever the kernel
     assert sum(result.sdpa_backends.values()) == new_tokens * 2 and set(result.sdpa_backends) <= {"flash", "math"}
     assert result.summary_row()["sdpa"] == backends_said(result.sdpa_backends)
+
+
+def test_sdpa_equals_manual_attention():
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=4, n_embd=64)
+    manual = GPT(cfg)
+    fused = GPT(dataclasses.replace(cfg, attention="sdpa"))
+    fused.load_state_dict(manual.state_dict())
+    idx = torch.randint(0, 65, (3, 32))
+    (lm, loss_m), (lf, loss_f) = manual(idx, idx), fused(idx, idx)
+    torch.testing.assert_close(lf, lm, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss_f, loss_m, rtol=1e-6, atol=1e-6)
+    with built(tiny(toggles=["sdpa"])) as ctx:
+        assert ctx.base_model.config.attention == "sdpa"

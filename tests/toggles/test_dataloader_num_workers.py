@@ -1,4 +1,4 @@
-"""DataLoader workers: the same batches in the same order as without them, and no process outlives its run
+"""dataloader_num_workers: the same batches in the same order as without them, and no process outlives its run
 (success, failure, a killed worker, Stop in the Lab, Ctrl-C), also when forked after torch ran threads."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import pytest
 
 from scalekit import RunConfig, run
 from scalekit.errors import ConfigError
-from tests.data.test_data_pipeline import SHAPES, assert_same, batches
-from tests.helpers import CPU, built, tiny
+from tests.helpers import CPU, SHAPES, assert_same, batches, built, tiny
 
 RAW = dict(data="shakespeare-raw", transform_rounds=1)
 DEADLINE_S = 120
@@ -103,7 +102,7 @@ class Watcher:
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine, on purpose
 def test_workers_give_the_same_batches_in_the_same_order_as_no_workers():
     # across several epochs, with the per-sample transform in the workers, and with the batch one
-    from tests.data.test_data_pipeline import N_BATCHES
+    from tests.helpers import N_BATCHES
 
     serial = batches(tiny(**SHAPES))
     assert_same(serial, batches(tiny(**SHAPES, toggles={"dataloader_num_workers": 2})))
