@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from scalekit import RunConfig, build, detect
+from scalekit.inference import GenerateConfig, generate
 from scalekit.training import train_step
 
 CPU = detect("cpu")
@@ -54,7 +55,7 @@ def assert_same_grads(a: dict, b: dict, atol: float) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
-# -- batches of the raw data source (tests/data/test_data_pipeline.py, the data toggles' files) -------------------
+# -- batches of the raw data source (tests/data/test_data_pipeline.py, the data toggles' files) --------------
 # long windows and large batches: an epoch is a few batches, so the batches compared cross epoch edges and
 # the raw text's block edges (every 65,536 characters), at a transform cost of one round
 SHAPES = dict(seq_len=4096, batch_size=100, data="shakespeare-raw", transform_rounds=1)
@@ -200,6 +201,16 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# -- greedy tokens from the shipped model (tests/toggles/test_kv_cache.py, test_inference_mode.py) -----------
+PROMPT = "ROMEO:"
+QUICK = dict(measure_memory=False, quality=False, warmup_tokens=0, device="cpu")  # the tokens, nothing measured
+
+
+def greedy(toggles=None, n=60, **kw):
+    return generate(GenerateConfig(prompts=kw.pop("prompts", PROMPT), max_new_tokens=n, toggles=toggles or {},
+                                   **{**QUICK, **kw}), hw=CPU)
 
 
 def load_tool(name: str):

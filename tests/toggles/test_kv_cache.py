@@ -1,20 +1,18 @@
 """The built-in GPT's KV caches: the same greedy tokens as re-reading the sequence, in both modes, eager and
-compiled, batched and alone; padding never attended; inference_mode gives bit-identical logits."""
+compiled, batched and alone; padding never attended (inference_mode's own check:
+tests/toggles/test_inference_mode.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scalekit.inference import GenerateConfig, generate
+from scalekit.inference import GenerateConfig
 from scalekit.inference.loop import decode, pad_prompts
 from scalekit.inference.trap import graphs_for_steps
 from scalekit.models import GPT, GPTConfig, load_pretrained
 from scalekit.models.kv_cache import StaticKVCache, make_cache
-from tests.helpers import CPU, one_thread
-
-PROMPT = "ROMEO:"
-QUICK = dict(measure_memory=False, quality=False, warmup_tokens=0, device="cpu")
+from tests.helpers import CPU, PROMPT, QUICK, greedy, one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -26,11 +24,6 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def model() -> GPT:
     return load_pretrained("shakespeare-char")
-
-
-def greedy(toggles=None, n=60, **kw):
-    return generate(GenerateConfig(prompts=kw.pop("prompts", PROMPT), max_new_tokens=n, toggles=toggles or {},
-                                   **{**QUICK, **kw}), hw=CPU)
 
 
 @torch.no_grad()
@@ -70,14 +63,6 @@ def test_the_shipped_models_greedy_sample_is_reproduced():
     assert recorded.startswith(result.texts[0])  # the provenance's greedy sample, written without a cache
 
 
-def test_inference_mode_gives_bit_identical_logits_and_tokens(model):
-    x = torch.randint(0, 65, (3, 100))
-    with torch.no_grad():
-        a = model(x)[0]
-    with torch.inference_mode():
-        b = model(x)[0]
-    assert torch.equal(a, b)
-    assert greedy({"inference_mode": True, "kv_cache": "static"}).token_ids == greedy({"kv_cache": "static"}).token_ids
 
 
 @pytest.mark.parametrize("kind", [None, "dynamic", "static"])

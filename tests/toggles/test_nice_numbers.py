@@ -1,10 +1,13 @@
-"""nice_numbers: the vocabulary padded to a round size, and the padding never predicted."""
+"""nice_numbers: the vocabulary padded to a round size, the padding never predicted; refused where the run starts
+from the shipped weights, whose shape it would change."""
 
 from __future__ import annotations
 
 import torch
 
+from scalekit import run
 from scalekit.models import GPT, GPTConfig
+from tests.finetuning import ft
 from tests.helpers import built, tiny
 
 
@@ -34,3 +37,8 @@ def test_nice_numbers_pads_vocab_and_padding_gets_no_probability():
     assert torch.count_nonzero(padded.lm_head.weight.grad[65:]) == 0  # padded rows learn nothing
     out = padded.generate(idx[:, :4], max_new_tokens=40, generator=torch.Generator().manual_seed(0))
     assert int(out.max()) < 65  # sampling never picks a padded id
+
+
+def test_nice_numbers_cannot_start_from_the_pretrained_weights():
+    result = run(ft({"nice_numbers": True}, steps=1, warmup_steps=0), catch_errors=True)
+    assert result.status == "failed" and "does not have the shipped model's shape" in result.error

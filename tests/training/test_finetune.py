@@ -1,9 +1,9 @@
-"""Fine-tuning the shipped model: what trains is exactly what should, the base does not move, every method
-learns the new plays, adapters save, load and merge, and the planner predicts the memory."""
+"""Fine-tuning the shipped model, the methods side by side: the base does not move, every method
+learns the new plays, adapters save, load and merge, and the planner predicts the memory.  What each method
+alone trains is in its file in tests/toggles (test_lora, test_dora, test_head_only, test_quantized_base)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -11,73 +11,11 @@ import torch
 
 from scalekit import ConfigError, RunConfig, adapters, estimate, run
 from scalekit.finetune import FINETUNE_RUNGS, finetune_config
-from scalekit.measure.memory import parameter_counts
-from scalekit.models.blocks import block_linears
 from scalekit.models.pretrained import _files as pretrained_files
 from scalekit.optional import quiet_import
-from scalekit.plan.traced import quantized_bytes
-from scalekit.training import build, train_step
+from scalekit.training import train_step
+from tests.finetuning import built, ft
 from tests.helpers import CPU
-
-SMALL = dict(seq_len=64, batch_size=8, device="cpu")
-
-
-def ft(toggles=None, **kw) -> RunConfig:
-    return finetune_config(toggles=toggles or {}, **{**SMALL, **kw})
-
-
-@contextlib.contextmanager
-def built(cfg: RunConfig):
-    with contextlib.ExitStack() as stack:
-        yield build(cfg.resolve(CPU), CPU, stack)
-
-
-def lora_formula(model, rank: int, names=None) -> int:
-    """r·(in + out) per adapted linear layer."""
-    return sum(rank * (m.in_features + m.out_features)
-               for m in (model.get_submodule(n) for n in block_linears(model, names)))
-
-
-@pytest.mark.parametrize("rank", [4, 8])
-def test_lora_trains_exactly_the_parameters_the_formula_gives(rank):
-    with built(ft()) as plain:
-        expected = lora_formula(plain.base_model, rank)
-        only_attn = lora_formula(plain.base_model, rank, ("c_attn",))
-    with built(ft({"lora": rank})) as ctx:
-        trainable = [p for p in ctx.model.parameters() if p.requires_grad]
-        assert sum(p.numel() for p in trainable) == expected
-        assert {id(p) for g in ctx.optimizer.param_groups for p in g["params"]} == {id(p) for p in trainable}
-    with built(ft({"lora": rank}, adapter_targets=["c_attn"])) as ctx:
-        assert sum(p.numel() for p in ctx.model.parameters() if p.requires_grad) == only_attn
-
-
-def test_gradients_and_optimizer_state_follow_the_trainable_count():
-    result = run(ft({"lora": 8}, steps=2, warmup_steps=0))
-    assert result.trainable_params == 65_536 and result.total_params == 932_736 + 65_536
-    assert result.grads_bytes == 4 * result.trainable_params  # fp32 gradients, only for the adapters
-    n_tensors = 2 * 16  # lora_A and lora_B on 16 linear layers
-    assert result.optimizer_state_bytes == 8 * result.trainable_params + 4 * n_tensors  # AdamW moments + steps
-
-
-def test_the_nf4_base_holds_half_a_byte_per_weight_plus_its_quantization_state():
-    with built(ft()) as plain:  # no adapters yet: the block linears are the base's own
-        shapes = [tuple(plain.base_model.get_submodule(n).weight.shape) for n in block_linears(plain.base_model)]
-        fp32_frozen = parameter_counts(plain.base_model)["trainable_weight_bytes"]  # all of it trains here
-    with built(ft({"lora": 8, "quantized_base": "nf4"})) as ctx:
-        counts = parameter_counts(ctx.base_model)
-    quantized = sum(sum(quantized_bytes("nf4", r, c)) for r, c in shapes)
-    assert counts["frozen_weight_bytes"] == fp32_frozen - sum(4 * r * c for r, c in shapes) + quantized
-    assert counts["total_params"] == 932_736 + 65_536  # a 4-bit weight still counts its values
-
-
-def test_head_only_trains_only_the_head_and_leaves_the_rest_bit_identical():
-    with built(ft({"head_only": True}, lr=1e-2)) as ctx:
-        before = {n: p.detach().clone() for n, p in ctx.base_model.named_parameters()}
-        for _ in range(3):
-            train_step(ctx, next(ctx.batches))
-        changed = {n for n, p in ctx.base_model.named_parameters() if not torch.equal(p, before[n])}
-        assert changed == {"lm_head.weight"}
-        assert ctx.base_model.lm_head.weight is not ctx.base_model.transformer.wte.weight  # untied
 
 
 @pytest.mark.parametrize("toggles", [{"lora": 8}, {"dora": 8}, {"lora": 8, "quantized_base": "nf4"}],
@@ -187,9 +125,6 @@ def test_adapters_say_why_when_the_targets_do_not_exist():
     assert result.status == "failed" and "none named ['q_proj']" in result.error
 
 
-def test_nice_numbers_cannot_start_from_the_pretrained_weights():
-    result = run(ft({"nice_numbers": True}, steps=1, warmup_steps=0), catch_errors=True)
-    assert result.status == "failed" and "does not have the shipped model's shape" in result.error
 
 
 def test_the_lab_offers_the_finetuning_methods_and_shows_what_trains():
