@@ -1,5 +1,5 @@
-"""The shipped model set up for fine-tuning, as the fine-tuning tests build it (tests/training/test_finetune.py
-and the fine-tuning toggles' files in tests/toggles)."""
+"""The shipped model set up for fine-tuning, as the fine-tuning tests build it
+(tests/training/test_finetune.py and the fine-tuning toggles' files in tests/toggles)."""
 
 from __future__ import annotations
 

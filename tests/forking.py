@@ -1,5 +1,6 @@
-"""The deadline and the cleanup every test file that forks ranks shares (tests/launch, tests/distributed): import
-`no_process_left_behind` into the module, and every test there has a deadline and must leave no child process."""
+"""The deadline and the cleanup every test file that forks ranks shares (tests/launch, tests/distributed):
+import `no_process_left_behind` into the module, and every test there has a deadline and must leave no
+child process."""
 
 from __future__ import annotations
 

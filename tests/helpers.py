@@ -213,6 +213,15 @@ def greedy(toggles=None, n=60, **kw):
                                    **{**QUICK, **kw}), hw=CPU)
 
 
+def small_plan(toggles=None, batch_size: int = 16, world_size: int | None = None):
+    """scalekit.estimate of the small GPT on a GPU (planned, not run: any machine plans it), per rank of
+    `world_size` ranks: the distributed toggles' memory claims, checked in one process."""
+    from scalekit import estimate
+
+    return estimate(RunConfig(preset="small", batch_size=batch_size, toggles=toggles or {}), device="cuda",
+                    world_size=world_size)
+
+
 def load_tool(name: str):
     """The script tools/<name>.py as a module (the tools are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")

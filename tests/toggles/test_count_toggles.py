@@ -1,5 +1,5 @@
-"""The toggles that take a count (grad_accum, empty_cache_steps, checkpointing): whole numbers and numeric strings
-accepted, anything else refused naming the field."""
+"""The toggles that take a count (grad_accum, empty_cache_steps, checkpointing): whole numbers and numeric
+strings accepted, anything else refused naming the field."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""dora: LoRA on each weight's direction with its magnitude trained apart: LoRA's parameters plus one magnitude
-per output row train, the adapted model starts as the base, and the magnitudes move in training (the methods
-side by side are in tests/training/test_finetune.py)."""
+"""dora: LoRA on each weight's direction with its magnitude trained apart: LoRA's parameters plus one
+magnitude per output row train, the adapted model starts as the base, and the magnitudes move in training
+(the methods side by side are in tests/training/test_finetune.py)."""
 
 from __future__ import annotations
 

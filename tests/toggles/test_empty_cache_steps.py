@@ -1,5 +1,5 @@
-"""empty_cache_steps: unavailable on the CPU with the reason; empties the allocator's cache every N steps (counted on the CPU
-through a stand-in, and on a GPU where there is one)."""
+"""empty_cache_steps: unavailable on the CPU with the reason; empties the allocator's cache every N steps
+(counted on the CPU through a stand-in, and on a GPU where there is one)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""grad_accum: the gradients of the whole batch, less activation memory, and a count that must divide the batch."""
+"""grad_accum: the gradients of the whole batch, less activation memory, and a count that must divide the
+batch."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""inference_mode: torch.inference_mode for the decode loop: the same logits and the same greedy tokens, bit for
-bit."""
+"""inference_mode: torch.inference_mode for the decode loop: the same logits and the same greedy tokens,
+bit for bit."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""nice_numbers: the vocabulary padded to a round size, the padding never predicted; refused where the run starts
-from the shipped weights, whose shape it would change."""
+"""nice_numbers: the vocabulary padded to a round size, the padding never predicted; refused where the run
+starts from the shipped weights, whose shape it would change."""
 
 from __future__ import annotations
 

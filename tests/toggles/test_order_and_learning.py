@@ -1,5 +1,5 @@
-"""Across the toggles: ORDER follows the phases and every toggle explains itself; a run with each of a set of toggles
-still learns (each toggle's own checks are in its file, tests/toggles/test_<name>.py)."""
+"""Across the toggles: ORDER follows the phases and every toggle explains itself; a run with each of a set
+of toggles still learns (each toggle's own checks are in its file, tests/toggles/test_<name>.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""quantized_base: the frozen base's block linears stored in NF4, half a byte per weight plus their quantization
-state."""
+"""quantized_base: the frozen base's block linears stored in NF4, half a byte per weight plus their
+quantization state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""training_format: the pre-tokenized source gives the raw text's token batches, batch for batch (raw_batches: tests/conftest.py)."""
+"""training_format: the pre-tokenized source gives the raw text's token batches, batch for batch
+(raw_batches: tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""vectorized_transforms: the batch transform gives the per-sample loop's batches, batch for batch, also with
-training_format (raw_batches: tests/conftest.py)."""
+"""vectorized_transforms: the batch transform gives the per-sample loop's batches, batch for batch, also
+with training_format (raw_batches: tests/conftest.py)."""
 
 from __future__ import annotations
 
