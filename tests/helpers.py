@@ -1,15 +1,17 @@
-"""Small models and configs the tests share."""
+"""Small models, configs, data and scripted results the tests share."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import itertools
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 
 from scalekit import RunConfig, build, detect
 from scalekit.inference import GenerateConfig, generate
@@ -267,3 +269,144 @@ def losses_over_ranks(ctx, steps: int, group) -> list[float]:
             loss /= group.world_size
         losses.append(loss.item())
     return losses
+
+
+def scripted_result(label: str, step_ms: list[float], busy: bool):
+    """A finished training run with these measured steps, measured on a machine the load meter saw busy or not."""
+    from scalekit.measure.load import MachineLoad
+    from scalekit.measure.results import RunResult, StepRecord
+    from scalekit.measure.timing import Spread
+
+    steps = [StepRecord(step=i, warmup=False, step_ms=ms, tokens_per_s=512 / ms * 1e3, loss=None, mem_bytes=None,
+                        tokens=512) for i, ms in enumerate(step_ms)]
+    return RunResult(label=label, config={}, device="cpu", steps=steps, step_ms=Spread.of(step_ms),
+                     tokens_per_step=512, tokens_per_s=512 / Spread.of(step_ms).median * 1e3, threads=1,
+                     load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
+
+
+def scripted_generation(label: str, token_ms: list[float], busy: bool):
+    from scalekit.inference import GenerateResult
+    from scalekit.measure.load import MachineLoad
+    from scalekit.measure.timing import Spread
+
+    return GenerateResult(label=label, config={}, device="cpu", batch_size=1, prompt_tokens=[6], new_tokens=12,
+                          token_ms=token_ms, decode_ms=Spread.of(token_ms), ttft_ms=1.0, threads=1,
+                          decode_tokens_per_s=1e3 / Spread.of(token_ms).median,
+                          load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
+
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout
+
+
+def scalekit_env(**extra) -> dict:
+    """The environment for a `python -m scalekit.cli` child: this checkout first on the path."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", **extra)
+
+
+class NoisyWindows(Dataset):
+    """Windows of a token stream, each given a per-sample transform in Python (a seeded shift of some ids)."""
+
+    def __init__(self, n: int = 40, seq_len: int = 16, vocab: int = 65, as_dict: bool = False):
+        self.tokens = torch.arange(n * seq_len + 1) % vocab
+        self.n, self.seq_len, self.vocab, self.as_dict = n, seq_len, vocab, as_dict
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        window = self.tokens[i * self.seq_len: (i + 1) * self.seq_len + 1].clone()
+        g = torch.Generator().manual_seed(i)  # the transform depends on the sample, not on the process
+        flip = torch.rand(window.shape, generator=g) < 0.1
+        window[flip] = (window[flip] + 7) % self.vocab
+        if self.as_dict:
+            return {"input_ids": window[:-1]}
+        return window[:-1], window[1:]
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int = 65, d: int = 16):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        return self.out(self.emb(idx))
+
+
+def lm_loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+class FastBlock(torch.nn.Module):
+    """An attention block written the gpt-fast way: its cache lives in it, written at input_pos."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.wqkv, self.wo = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.heads = heads
+        self.register_buffer("k_cache", None, persistent=False)  # allocated by setup_caches
+        self.register_buffer("v_cache", None, persistent=False)
+
+    def forward(self, x, input_pos, mask):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.wqkv(self.norm1(x)).split(C, dim=2))
+        self.k_cache[:B, :, input_pos] = k  # the cache is written in place, at the positions given
+        self.v_cache[:B, :, input_pos] = v
+        y = torch.nn.functional.scaled_dot_product_attention(q, self.k_cache[:B], self.v_cache[:B], attn_mask=mask)
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.norm2(x))
+
+
+class FastLM(torch.nn.Module):
+    """gpt-fast's convention: setup_caches(max_batch_size, max_seq_length), then forward(idx, input_pos)."""
+
+    def __init__(self, vocab: int = 65, d: int = 32, heads: int = 2, layers: int = 2, block: int = 64):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(block, d)
+        self.layers = torch.nn.ModuleList([FastBlock(d, heads) for _ in range(layers)])
+        self.norm, self.output = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+        self.heads, self.max_batch_size, self.max_seq_length = heads, -1, -1
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
+        if self.max_seq_length >= max_seq_length and self.max_batch_size >= max_batch_size:
+            return
+        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
+        d = self.tok.weight.shape[1]
+        for layer in self.layers:
+            shape = (max_batch_size, self.heads, max_seq_length, d // self.heads)
+            layer.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+            layer.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+        mask = torch.tril(torch.ones(max_seq_length, max_seq_length, dtype=torch.bool))
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, idx, input_pos):
+        assert self.max_seq_length > 0, "Caches must be initialized first"
+        mask = self.causal_mask[None, None, input_pos]  # (1, 1, T, L): unwritten slots are in the future
+        x = self.tok(idx) + self.pos(input_pos)
+        for layer in self.layers:
+            x = layer(x, input_pos, mask)
+        return self.output(self.norm(x))
+
+
+class ScriptedGeneration:
+    """scalekit.generate, scripted: decode tokens/s and agreement per toggle, no model run."""
+
+    def __init__(self, speed, agreement):
+        self.speed, self.agreement, self.calls = speed, agreement, []
+
+    def __call__(self, cfg, stop=None, hw=None, catch_errors=False):
+        from scalekit.inference.results import GenerateResult
+        from scalekit.measure.results import Spread
+
+        self.calls.append(dict(cfg.toggles))
+        tps = 100.0
+        agreement = 1.0
+        for name in cfg.toggles:
+            tps *= self.speed.get(name, 1.0)
+            agreement = min(agreement, self.agreement.get(name, 1.0))
+        return GenerateResult(label=cfg.describe(), config=cfg.to_dict(), decode_tokens_per_s=tps,
+                              decode_ms=Spread.of([1e3 / tps]), peak_mem_bytes=1000, agreement=agreement,
+                              perplexity=4.0 / agreement, reference_perplexity=4.0, compile_s=0.0)

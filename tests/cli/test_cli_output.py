@@ -10,20 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from scalekit.cli import main
-from tests.helpers import library_lines
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def scalekit_env(**extra) -> dict:
-    """The environment for a `python -m scalekit.cli` child: this checkout first on the path."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", **extra)
+from tests.helpers import REPO, library_lines, scalekit_env
 
 
 # -- scalekit toggles: what is unavailable here, and why ------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.cli.test_cli_output import REPO, scalekit_env
+from tests.helpers import REPO, scalekit_env
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--log-every", "1"]
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from scalekit import ConfigError, RunConfig, run
 from scalekit.data import LoaderBatches, dataset_loader
-from tests.helpers import CPU, built, one_thread
+from tests.helpers import CPU, NoisyWindows, TinyLM, built, lm_loss, one_thread
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -24,24 +24,6 @@ def _one_thread():
         yield
 
 
-class NoisyWindows(Dataset):
-    """Windows of a token stream, each given a per-sample transform in Python (a seeded shift of some ids)."""
-
-    def __init__(self, n: int = 40, seq_len: int = 16, vocab: int = 65, as_dict: bool = False):
-        self.tokens = torch.arange(n * seq_len + 1) % vocab
-        self.n, self.seq_len, self.vocab, self.as_dict = n, seq_len, vocab, as_dict
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        window = self.tokens[i * self.seq_len: (i + 1) * self.seq_len + 1].clone()
-        g = torch.Generator().manual_seed(i)  # the transform depends on the sample, not on the process
-        flip = torch.rand(window.shape, generator=g) < 0.1
-        window[flip] = (window[flip] + 7) % self.vocab
-        if self.as_dict:
-            return {"input_ids": window[:-1]}
-        return window[:-1], window[1:]
 
 
 class Stream(IterableDataset):
@@ -54,18 +36,8 @@ class Stream(IterableDataset):
             yield x, (x + 1) % 65
 
 
-class TinyLM(torch.nn.Module):
-    def __init__(self, vocab: int = 65, d: int = 16):
-        super().__init__()
-        self.emb, self.out = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        return self.out(self.emb(idx))
 
 
-def lm_loss(model, batch):
-    x, y = batch
-    return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
 def own(dataset=None, **kwargs) -> RunConfig:

@@ -8,7 +8,7 @@ import torch
 
 from scalekit import ConfigError, ToggleUnavailable
 from scalekit.inference import GenerateConfig, generate
-from tests.helpers import CPU, one_thread
+from tests.helpers import CPU, FastLM, one_thread
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,57 +121,8 @@ def test_hf_quantize_reaches_gpt2s_conv1d_and_refuses_a_shape_that_does_not_fit(
     assert 0 < r.agreement <= 1.0
 
 
-class FastBlock(torch.nn.Module):
-    """An attention block written the gpt-fast way: its cache lives in it, written at input_pos."""
-
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.wqkv, self.wo = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
-        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.heads = heads
-        self.register_buffer("k_cache", None, persistent=False)  # allocated by setup_caches
-        self.register_buffer("v_cache", None, persistent=False)
-
-    def forward(self, x, input_pos, mask):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.wqkv(self.norm1(x)).split(C, dim=2))
-        self.k_cache[:B, :, input_pos] = k  # the cache is written in place, at the positions given
-        self.v_cache[:B, :, input_pos] = v
-        y = torch.nn.functional.scaled_dot_product_attention(q, self.k_cache[:B], self.v_cache[:B], attn_mask=mask)
-        x = x + self.wo(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp(self.norm2(x))
 
 
-class FastLM(torch.nn.Module):
-    """gpt-fast's convention: setup_caches(max_batch_size, max_seq_length), then forward(idx, input_pos)."""
-
-    def __init__(self, vocab: int = 65, d: int = 32, heads: int = 2, layers: int = 2, block: int = 64):
-        super().__init__()
-        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(block, d)
-        self.layers = torch.nn.ModuleList([FastBlock(d, heads) for _ in range(layers)])
-        self.norm, self.output = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
-        self.heads, self.max_batch_size, self.max_seq_length = heads, -1, -1
-
-    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
-        if self.max_seq_length >= max_seq_length and self.max_batch_size >= max_batch_size:
-            return
-        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
-        d = self.tok.weight.shape[1]
-        for layer in self.layers:
-            shape = (max_batch_size, self.heads, max_seq_length, d // self.heads)
-            layer.register_buffer("k_cache", torch.zeros(shape), persistent=False)
-            layer.register_buffer("v_cache", torch.zeros(shape), persistent=False)
-        mask = torch.tril(torch.ones(max_seq_length, max_seq_length, dtype=torch.bool))
-        self.register_buffer("causal_mask", mask, persistent=False)
-
-    def forward(self, idx, input_pos):
-        assert self.max_seq_length > 0, "Caches must be initialized first"
-        mask = self.causal_mask[None, None, input_pos]  # (1, 1, T, L): unwritten slots are in the future
-        x = self.tok(idx) + self.pos(input_pos)
-        for layer in self.layers:
-            x = layer(x, input_pos, mask)
-        return self.output(self.norm(x))
 
 
 @torch.no_grad()

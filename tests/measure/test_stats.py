@@ -14,6 +14,7 @@ import scalekit
 from scalekit import RunConfig
 from scalekit.measure import stats, timing
 from scalekit.measure.stats import Interval, sentence, speedup_interval, t_quantile, verdict
+from tests.helpers import scripted_generation, scripted_result
 
 
 def scripted_run(rng: random.Random, steps: int, level_sd: float, step_sd: float, factor: float = 1.0) -> list[float]:
@@ -125,28 +126,8 @@ def test_compare_with_repeats_through_the_engine_on_a_scripted_machine(monkeypat
 
 
 # -- a busy machine: one run each gets no verdict, paired rounds keep theirs ----------------------------------
-def scripted_result(label: str, step_ms: list[float], busy: bool):
-    """A finished training run with these measured steps, measured on a machine the load meter saw busy or not."""
-    from scalekit.measure.load import MachineLoad
-    from scalekit.measure.results import RunResult, StepRecord
-    from scalekit.measure.timing import Spread
-
-    steps = [StepRecord(step=i, warmup=False, step_ms=ms, tokens_per_s=512 / ms * 1e3, loss=None, mem_bytes=None,
-                        tokens=512) for i, ms in enumerate(step_ms)]
-    return RunResult(label=label, config={}, device="cpu", steps=steps, step_ms=Spread.of(step_ms),
-                     tokens_per_step=512, tokens_per_s=512 / Spread.of(step_ms).median * 1e3, threads=1,
-                     load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
 
 
-def scripted_generation(label: str, token_ms: list[float], busy: bool):
-    from scalekit.inference import GenerateResult
-    from scalekit.measure.load import MachineLoad
-    from scalekit.measure.timing import Spread
-
-    return GenerateResult(label=label, config={}, device="cpu", batch_size=1, prompt_tokens=[6], new_tokens=12,
-                          token_ms=token_ms, decode_ms=Spread.of(token_ms), ttft_ms=1.0, threads=1,
-                          decode_tokens_per_s=1e3 / Spread.of(token_ms).median,
-                          load=MachineLoad(1.5 if busy else 0.1, 2, 3.0))
 
 
 def test_one_run_each_on_a_busy_machine_is_unreliable_and_rounds_are_not():

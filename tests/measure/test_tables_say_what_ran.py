@@ -11,7 +11,7 @@ from scalekit.report import results_table
 from scalekit.widgets.generate_table import results_frame as generation_frame
 from scalekit.widgets.generate_table import results_html as generation_html
 from scalekit.widgets.table import results_frame, results_html
-from tests.measure.test_stats import scripted_generation, scripted_result
+from tests.helpers import scripted_generation, scripted_result
 
 
 def runs():

@@ -13,7 +13,7 @@ import scalekit
 from scalekit import ConfigError, RunConfig
 from scalekit.autotune import Candidate, Measurement, SearchSpace, autotune, search
 from scalekit.autotune.search import MAX_ROUNDS, MIN_GAIN, MIN_ROUNDS, NothingFits
-from tests.helpers import CPU
+from tests.helpers import CPU, ScriptedGeneration
 
 START = RunConfig(preset="tiny", batch_size=8, device="cpu")
 
@@ -567,25 +567,6 @@ def test_the_winner_exports_as_training_arguments_that_read_back_as_the_winner(t
         compile(result.export(target), f"exported_{target}.py", "exec")  # valid Python for each framework
 
 
-class ScriptedGeneration:
-    """scalekit.generate, scripted: decode tokens/s and agreement per toggle, no model run."""
-
-    def __init__(self, speed, agreement):
-        self.speed, self.agreement, self.calls = speed, agreement, []
-
-    def __call__(self, cfg, stop=None, hw=None, catch_errors=False):
-        from scalekit.inference.results import GenerateResult
-        from scalekit.measure.results import Spread
-
-        self.calls.append(dict(cfg.toggles))
-        tps = 100.0
-        agreement = 1.0
-        for name in cfg.toggles:
-            tps *= self.speed.get(name, 1.0)
-            agreement = min(agreement, self.agreement.get(name, 1.0))
-        return GenerateResult(label=cfg.describe(), config=cfg.to_dict(), decode_tokens_per_s=tps,
-                              decode_ms=Spread.of([1e3 / tps]), peak_mem_bytes=1000, agreement=agreement,
-                              perplexity=4.0 / agreement, reference_perplexity=4.0, compile_s=0.0)
 
 
 def test_generation_autotune_keeps_real_gains_and_refuses_a_fast_change_that_loses_quality(monkeypatch):

@@ -92,7 +92,7 @@ def test_generate_and_ladder_inference_take_a_hugging_face_model(capsys):
 
 def test_the_lab_takes_your_model_and_dataset_and_the_generation_lab_a_hugging_face_model():
     pytest.importorskip("ipywidgets")
-    from tests.data.test_user_dataset import NoisyWindows, TinyLM, lm_loss
+    from tests.helpers import NoisyWindows, TinyLM, lm_loss
 
     lab = scalekit.Lab(model=TinyLM, dataset=NoisyWindows(), loss_fn=lm_loss, device="cpu", steps=2, hw=CPU)
     assert not lab.controls["dataloader_num_workers"].widget.disabled  # your DataLoader: the workers act on it
@@ -119,8 +119,7 @@ def test_the_lab_takes_your_model_and_dataset_and_the_generation_lab_a_hugging_f
 
 def test_generation_autotune_on_your_model_tries_only_what_its_family_takes(monkeypatch):
     from scalekit.autotune import generation
-    from tests.generation.test_generate_families import FastLM
-    from tests.plan.test_autotune import ScriptedGeneration
+    from tests.helpers import FastLM, ScriptedGeneration
 
     scripted = ScriptedGeneration(speed={"kv_cache": 3.0}, agreement={})
     monkeypatch.setattr(generation, "generate", scripted)
