@@ -1,6 +1,6 @@
 """Count the test functions and assertions of a tests directory, so that a reorganisation can show it lost none.
 
-    python tools/count_tests.py [tests]
+    python tools/count_tests.py [tests] [--by-folder]
 
 A test function is a `def test_*` (or `async def`) at a module's top level or in a `Test*` class; an assertion
 is an `assert` statement or a `with pytest.raises(...)` / `with pytest.warns(...)` (also as a call).  Every
@@ -55,7 +55,12 @@ def count(folder: Path) -> tuple[int, int, int]:
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[1] if len(argv) > 1 else "tests")
+    args = [a for a in argv[1:] if a != "--by-folder"]
+    folder = Path(args[0] if args else "tests")
+    if "--by-folder" in argv:  # each folder directly under `folder`, then the files at its root
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and any(p.rglob("*.py"))):
+            files, tests, assertions = count(sub)
+            print(f"{sub}: {files} files, {tests} test functions, {assertions} assertions")
     files, tests, assertions = count(folder)
     print(f"{folder}: {files} files, {tests} test functions, {assertions} assertions")
     return 0
