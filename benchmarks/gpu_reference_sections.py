@@ -57,7 +57,7 @@ def _mb(n) -> float | None:
 
 # -- 1. the gpu-marked tests -----------------------------------------------------------------------------
 def gpu_tests(dry_run: bool) -> dict:
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                    if re.search(r"mark\.(gpu|multi_gpu)", p.read_text(encoding="utf-8")))
     if dry_run:
         files = [f for f in files if f.endswith("test_gpu.py")]  # they skip on a CPU: this checks the parsing

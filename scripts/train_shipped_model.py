@@ -39,7 +39,7 @@ from scalekit.training.build import gpt_loss, train_step
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = GPTConfig(block_size=1024, vocab_size=65, n_layer=4, n_head=4, n_embd=128, attention="sdpa")
-QUICK_CHECK = dict(seq_len=1024, n_windows=4)  # the fast re-measurement tests/test_pretrained.py repeats
+QUICK_CHECK = dict(seq_len=1024, n_windows=4)  # the fast re-measurement tests/models/test_pretrained.py repeats
 
 
 def parse_args(argv=None) -> argparse.Namespace:

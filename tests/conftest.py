@@ -46,7 +46,14 @@ _STARTUP.mkdir(parents=True)
 os.environ["IPYTHONDIR"] = _IPYTHON_DIR
 
 
-FORKING_MODULES = ("test_launch", "test_distributed")
+# The test files that fork ranks live in these folders of tests/ (and only there): the suite runs them first (see
+# pytest_collection_modifyitems).  A new test that forks ranks goes in one of them.
+FORKING_FOLDERS = tuple(Path(__file__).parent / name for name in ("launch", "distributed"))
+
+
+def forks_ranks(path: Path) -> bool:
+    """Whether the test file at `path` is one of the forking test files (under tests/launch or tests/distributed)."""
+    return any(folder in path.parents for folder in FORKING_FOLDERS)
 
 
 # nbval's kernels are forked from a server that has already imported torch, scalekit, plotly and transformers
@@ -126,8 +133,8 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_collection_modifyitems(config, items):
     # Tests that fork ranks go first: scalekit.launch rightly refuses to fork once this process has imported
     # bitsandbytes or initialised CUDA, which later tests (8-bit optimizers, GPU runs) do.
-    items.sort(key=lambda item: not item.path.name.startswith(FORKING_MODULES))  # stable: order kept within
-    if "bitsandbytes" in sys.modules and any(item.path.name.startswith(FORKING_MODULES) for item in items):
+    items.sort(key=lambda item: not forks_ranks(item.path))  # stable: order kept within
+    if "bitsandbytes" in sys.modules and any(forks_ranks(item.path) for item in items):
         raise pytest.UsageError("a test module imported bitsandbytes while being collected (peft, transformers' "
                                 "TrainingArguments and TrainerCallback import it too), so the forking tests "
                                 "cannot fork: import those inside the tests that use them")
@@ -186,6 +193,14 @@ def fresh_cache(tmp_path, monkeypatch):
     shakespeare._VALIDATED.clear()
     yield tmp_path / "cache"
     shakespeare._VALIDATED.clear()
+
+
+@pytest.fixture(scope="module")
+def raw_batches():
+    """The raw data source's first batches at tests.helpers.SHAPES: what the data toggles must give batch for batch."""
+    from tests.helpers import SHAPES, batches, tiny
+
+    return batches(tiny(**SHAPES))
 
 
 @pytest.fixture

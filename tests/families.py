@@ -54,7 +54,7 @@ def hf_model(family: str, seed: int = 0) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(hf_config(family), attn_implementation="eager")
 
 
-# -- every kind of model the matrix tests try (tests/test_every_toggle_every_model.py, its multi-rank twin) ----
+# -- every kind of model the matrix tests try (tests/toggles/test_every_toggle_every_model.py, its multi-rank twin) ----
 class PlainLM(torch.nn.Module):
     """A language model of a user's own: embedding, repeated residual blocks of linears, a head; no cache."""
 

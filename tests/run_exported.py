@@ -1,4 +1,4 @@
-"""Runs exported training code, as a user would, and says what it did (tests/test_hf_export_runs.py starts it).
+"""Runs exported training code, as a user would, and says what it did (tests/hf/test_hf_export_runs.py starts it).
 
 Reads a JSON list of {"id", "code", "samples"} on stdin; executes each code in a fresh directory with `config` (a
 tiny GPT-2 config, built offline) and `train_dataset` (that many windows of the shipped corpus) defined, or with what

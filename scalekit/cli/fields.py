@@ -1,6 +1,6 @@
 """The command line's flags, derived from the config dataclasses: a field `warmup_steps: int = 3` with a docstring
 becomes `--warmup-steps` (type int, default 3, help the docstring).  The tables below name what does not follow
-that rule, each entry with its reason; tests/test_cli_from_config.py fails on a field with no flag or a flag with
+that rule, each entry with its reason; tests/cli/test_cli_from_config.py fails on a field with no flag or a flag with
 no field that is not in them."""
 
 from __future__ import annotations

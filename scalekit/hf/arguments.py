@@ -39,7 +39,7 @@ RUN_FIELDS = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "seed": 4
 
 
 def training_defaults() -> dict:
-    """TrainingArguments' defaults for every field mapped (tests/test_hf_arguments.py checks them against the installed
+    """TrainingArguments' defaults for every field mapped (tests/hf/test_hf_arguments.py checks them against the installed
     transformers): RunConfig's own, then each toggle's training_fields.  A dict of keyword arguments leaves the others
     at these."""
     defaults = dict(RUN_FIELDS)

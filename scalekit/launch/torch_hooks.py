@@ -1,7 +1,7 @@
 """Where scalekit.launch relies on torch behaviour that torch does not document, each named once, with why.
 
 Everything else the launch uses is torch's public elastic API: start_processes, PContext.wait / pids /
-close, LogsSpecs and LogsDest, SignalException, TCPStore.  tests/test_launch_torch_hooks.py checks every
+close, LogsSpecs and LogsDest, SignalException, TCPStore.  tests/launch/test_launch_torch_hooks.py checks every
 entry below against the installed torch and names the entry and the torch version when one stops holding.
 """
 

@@ -4,7 +4,7 @@ Inductor runs one compiler: its `cpp.cxx` setting, which it reads from CXX when 
 clang++ on macOS). It does not fall back to a c++ or clang++ found elsewhere on PATH, so neither does this.
 
 Inductor tells GCC from clang by the compiler's *name* (`torch._inductor.cpp_builder._is_gcc` and `_is_clang`;
-`gcc_by_name` below follows them, and tests/test_cxx.py fails if torch changes them). A GCC under another name,
+`gcc_by_name` below follows them, and tests/project/test_cxx.py fails if torch changes them). A GCC under another name,
 such as Debian's `c++`, still compiles, but inductor then writes its precompiled header in clang's format (`.pch`),
 which GCC ignores: every CPU kernel parses torch's headers again (measured here with GCC 12: 0.5 s of CPU per
 kernel with the header, 1.8 s without it).

@@ -5,7 +5,7 @@ all: an nn.GRU or nn.LSTM inside the model, for one, makes dynamo give up the wh
 beside the row's figures instead of letting "within noise" read as "compile does not help this model".
 
 The figures come from dynamo's counters (`torch._dynamo.utils.counters`: the ones torch's own tests check;
-tests/test_compiled_capture.py fails if torch renames them), read as differences over the run, since earlier
+tests/toggles/test_compile_capture.py fails if torch renames them), read as differences over the run, since earlier
 runs in the process add to them and `torch._dynamo.reset()` leaves them be.
 """
 

@@ -26,7 +26,7 @@ The method, and what it assumes:
   sides and their interval carries it: the verdict stands, and the sentence says the machine was busy.
 - "Within noise" means the interval holds 1.0 (criterion.rs says "no change" for the same).  At the 95%
   level an A/A comparison (a configuration against itself) claims a difference in 5% of comparisons at
-  most, when the assumptions hold: `tests/test_stats.py` checks it with injected jitter, and
+  most, when the assumptions hold: `tests/measure/test_stats.py` checks it with injected jitter, and
   `benchmarks/aa_noise.py` on the real machine.
 """
 

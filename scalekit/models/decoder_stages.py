@@ -14,7 +14,7 @@ What the model's own forward computes between those parts, each stage computes f
   alternates them), or, without it, one sliding window for every layer where the config sets one (Mistral's);
 - the logits capped (`config.final_logit_softcapping`, Gemma 2's tanh cap), as the causal LM's forward does.
 What lives inside a module (Gemma's scaled embeddings, GPT-NeoX's parallel residual) runs as it is.  Each family
-split here is checked against the model's own forward (tests/test_distributed_parallel_families.py).
+split here is checked against the model's own forward (tests/distributed/test_distributed_parallel_families.py).
 
 Refused, naming the model and what stops it: a model transformers declares no such order for (GPT-2, OPT and
 Falcon in transformers 5.25), layers of another kind than full or sliding attention, a rotary embedding that

@@ -134,7 +134,7 @@ def planned_vs_measured(results) -> pd.DataFrame:
 # How far a plan may exceed the machine's limit before the run is refused: the planner's measured error, so that
 # a run that would fit is not refused for the plan's sake, and one that cannot fit is refused before it allocates
 # (in a container, past its cgroup's limit, the kernel kills the process: exit 137 and no message).
-# The built-in GPT's analytic plan: -4.9% to +2.8% of the measured peak over tests/test_plan.py's 13 CPU cases
+# The built-in GPT's analytic plan: -4.9% to +2.8% of the measured peak over tests/plan/test_plan.py's 13 CPU cases
 # (checkpointing the lowest), within 10% of CUDA's allocator on its GPU cases (the test's bound).  Only a plan
 # over the measurement could refuse a run that fits; one under it (explicit attention at 4× the preset's context,
 # preset small at seq_len 512: -10.5%) lets a run through that may not.

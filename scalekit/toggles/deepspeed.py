@@ -35,7 +35,7 @@ class DeepSpeed(Toggle):
         return available_with_ranks("DeepSpeed") if ok else (ok, why)
 
     def available_in_ranks(self, hw) -> tuple[bool, str]:
-        # on a CPU, DeepSpeed's CPU accelerator runs ZeRO 1-3 over gloo (tests/test_distributed_deepspeed.py: the
+        # on a CPU, DeepSpeed's CPU accelerator runs ZeRO 1-3 over gloo (tests/distributed/test_distributed_deepspeed.py: the
         # built-in GPT, an HF Llama and a plain module train as one process does, to 1e-5); its speed there says
         # nothing of a GPU's
         if importlib.util.find_spec("deepspeed") is None:

@@ -5,8 +5,8 @@ The built-in GPT and the Hugging Face decoders whose config declares the order o
 checked) are split (scalekit.models.pipeline, scalekit.models.decoder_stages); any other model is refused up
 front, saying what stops it (GPT-2, OPT and Falcon: transformers declares no such order for them).  Schedules: 'gpipe', '1f1b', 'interleaved' (two stages per
 rank), each with '/m' micro-batches ('1f1b/8').  Every schedule trains as one process with the whole batch does
-(tests/test_distributed_parallel.py for the GPT, tests/test_distributed_pipeline_hf.py for a Llama,
-tests/test_distributed_parallel_families.py for the other families).
+(tests/distributed/test_distributed_parallel.py for the GPT, tests/distributed/test_distributed_pipeline_hf.py for a Llama,
+tests/distributed/test_distributed_parallel_families.py for the other families).
 
 ',stages=S' runs pipelines of S stages side by side ('1f1b/8,stages=2' on 4 ranks: a (pipeline 2, data 2) mesh);
 fsdp, applied after this toggle, shards each stage over the pipelines and averages their gradients.  With

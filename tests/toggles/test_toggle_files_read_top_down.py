@@ -14,7 +14,7 @@ from scalekit.toggles import ORDER
 from scalekit.toggles.base import Toggle
 
 TOGGLES_DIR = Path(scalekit.toggles.__file__).parent
-# the interface, CountToggle, the registry, and what toggles share (tests/test_architecture.py: TOGGLE_HELPERS)
+# the interface, CountToggle, the registry, and what toggles share (tests/project/test_architecture.py: TOGGLE_HELPERS)
 NOT_TOGGLES = {"__init__.py", "base.py", "counted.py", "vocabulary.py", "facts.py", "stepper.py", "source.py"}
 TOGGLE_FILES = sorted(p for p in TOGGLES_DIR.glob("*.py") if p.name not in NOT_TOGGLES)
 
