@@ -14,6 +14,7 @@ import torch
 from ..checks import check_bool, check_device, check_label, check_threads, int_in
 from ..data import CharTokenizer, corpus_text
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
+from ..hf.checkpoint_folder import HFCheckpoint, checkpoint_model, tokenizer_problem
 from ..hf.family_of import generation_family, is_hf_source
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
@@ -31,7 +32,8 @@ class GenerateConfig:
     model: Any = "shakespeare-char"
     """'shakespeare-char' (the shipped model), a preset ('tiny', 'small', 'medium', 'gpt2-124m': random
     weights from `seed`), a Hugging Face causal LM (a PreTrainedModel, a transformers config, or
-    scalekit.hf.causal_lm(...)), or your own model (a module, or a function building one) whose forward(idx)
+    scalekit.hf.causal_lm(...), or the path of a checkpoint folder save_pretrained wrote: loaded offline, prompts
+    read with its tokenizer), or your own model (a module, or a function building one) whose forward(idx)
     returns logits (B, T, V), a tuple that starts with them, or an object with `.logits`; it gets a KV cache
     when it follows one of the conventions of scalekit.models.conventions."""
     prompts: str | Sequence[str] | Sequence[Sequence[int]] = "ROMEO:"
@@ -62,7 +64,8 @@ class GenerateConfig:
     measure_memory: bool = True
     """On CPU, count live tensor bytes over one extra, unmeasured generation for the peak memory."""
     tokenizer: Any = None
-    """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters."""
+    """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters (a
+    checkpoint folder's model: the folder's tokenizer)."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
     threads: int | None = None
@@ -77,6 +80,7 @@ class GenerateConfig:
         elif isinstance(self.prompts, Sequence):
             self.prompts = [p if isinstance(p, str) else list(p) if isinstance(p, Sequence) else p
                             for p in self.prompts]
+        self._checkpoint_folder()
         if self.max_new_tokens is None:
             self.max_new_tokens = self._fitting_new_tokens()
         self.validate()
@@ -113,6 +117,17 @@ class GenerateConfig:
         check_threads("GenerateConfig", self.threads)
         self._validate_lengths()
         self._validate_quality_tokens()
+
+    def _checkpoint_folder(self) -> None:
+        """A model given as a checkpoint folder's path: its family (scalekit.hf.checkpoint_folder), and its own
+        tokenizer where none is given (refused, naming the folder, when text prompts need one it does not have)."""
+        if not (isinstance(self.model, str) and self.model in MODEL_NAMES):
+            self.model = checkpoint_model(self.model, "GenerateConfig.model")
+        if not isinstance(self.model, HFCheckpoint) or self.tokenizer is not None:
+            return
+        texts = not isinstance(self.prompts, list) or any(isinstance(p, str) for p in self.prompts)
+        if texts or not tokenizer_problem(self.model.folder):
+            self.tokenizer = self.model.tokenizer("GenerateConfig.model")
 
     def _validate_tokenizer(self) -> None:
         if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))

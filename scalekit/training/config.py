@@ -23,6 +23,7 @@ from ..checks import (
 from ..data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
 from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
+from ..hf.checkpoint_folder import checkpoint_model
 from ..hf.family_of import model_adapter, toggle_family
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from ..toggles import TOGGLES, check_combination, mesh_dims, normalise
@@ -72,7 +73,8 @@ class RunConfig:
     """Dense peak TFLOP/s of the device for MFU; None uses scalekit's table (unknown device: MFU n/a)."""
     model: Callable[[], torch.nn.Module] | torch.nn.Module | None = None
     """Your own model (or a function that builds one) instead of the built-in GPT; a Hugging Face causal LM
-    (a PreTrainedModel, or scalekit.hf.causal_lm(...)) needs no batch_fn or loss_fn."""
+    (a PreTrainedModel, scalekit.hf.causal_lm(...), or the path of a checkpoint folder save_pretrained wrote,
+    loaded offline) needs no batch_fn or loss_fn."""
     batch_fn: Callable[[int, torch.device], Any] | None = None
     """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn, synthetic batches made in the training
     process (a Hugging Face model without batch_fn or dataset: the shipped corpus)."""
@@ -156,6 +158,7 @@ class RunConfig:
             _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
+        self.model = checkpoint_model(self.model, "RunConfig.model")  # a checkpoint folder's path: its family
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
         self._validate_dataset()
         batches = self.batch_fn if self.batch_fn is not None else self.dataset
