@@ -99,21 +99,38 @@ def test_lora_on_a_folder_starts_from_its_logits_and_trains_the_adapters_only(fo
         assert changed and changed <= trained  # the base as the folder holds it; adapters moved
 
 
-def test_quantized_base_on_a_folder_holds_its_block_linears_in_4_bit(folders):
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("mode", ["nf4", "int8"])
+def test_quantized_base_loads_the_folder_quantized_as_peft_users_do(folders, monkeypatch, mode):
     pytest.importorskip("bitsandbytes")
     import bitsandbytes as bnb
 
-    folder = folders["llama"]
-    cfg = RunConfig(model=str(folder), device="cpu", toggles={"lora": 4, "quantized_base": "nf4"}, batch_size=2,
-                    seq_len=16)
-    with built(cfg) as ctx:
+    from scalekit.toggles import quantized_base
+
+    folder, ids = folders["llama"], some_ids(folders["llama"])
+    common = dict(model=str(folder), device="cpu", toggles={"lora": 4, "quantized_base": mode}, batch_size=2,
+                  seq_len=16)
+    with built(RunConfig(**common, adapter_targets=LLAMA_LINEARS)) as ctx:  # layers by name: swapped once loaded
+        swapped = logits(ctx.model.eval(), ids)
+
+    def no_swap(*args):
+        raise AssertionError("the fp32 base was loaded and swapped")
+
+    monkeypatch.setattr(quantized_base, "quantize_targets", no_swap)
+    with built(RunConfig(**common)) as ctx:  # every block linear: transformers quantizes them as it loads
         q_proj = ctx.base_model.model.layers[0].self_attn.q_proj
-        assert isinstance(q_proj.base_layer, bnb.nn.Linear4bit)
+        kind = bnb.nn.Linear4bit if mode != "int8" else bnb.nn.Linear8bitLt
+        assert isinstance(q_proj.base_layer, kind) and ctx.base_model.hf_quantizer is not None
+        assert f"loaded in {mode} from the checkpoint (transformers' BitsAndBytesConfig)" in " ".join(ctx.notes)
         assert all("lora_" in n for n, p in ctx.model.named_parameters() if p.requires_grad)
-        ids = some_ids(folder)
-        got, want = logits(ctx.model.eval(), ids), logits(reference(folder), ids)
-        # the folder's weights, quantized: nf4's error (≈0.12 here), not another model's (random weights: ≈1.4)
-        assert (got - want).norm() < 0.25 * want.norm()
+        # the same quantization of the same weights as scalekit's swap, to the bit
+        assert torch.equal(logits(ctx.model.eval(), ids), swapped)
+        want = logits(reference(folder), ids)  # and the folder's model (random weights: off by ≈1.4 here)
+        assert (swapped - want).norm() < 0.25 * want.norm()
+        ctx.model.train()
+        assert torch.isfinite(train_step(ctx, next(ctx.batches)))
 
 
 def test_the_planner_reads_shapes_only(folders, monkeypatch):

@@ -106,12 +106,15 @@ class HFCheckpoint(HFCausalLM):
     loaded at every build with `from_pretrained` (local files only, fp32), the toggles' switches made as
     HFCausalLM makes them for a model built from a config (attn_implementation, the padded vocabulary, ...)."""
 
-    def __init__(self, folder: str | os.PathLike, field: str = "model", config: Any = None):
+    def __init__(self, folder: str | os.PathLike, field: str = "model", config: Any = None,
+                 quantization: dict | None = None, device: str | None = None):
         self.folder = Path(folder).expanduser()
         if config is None:
             config = _read_config(self.folder, field)
         super().__init__(config)
         self.field = field
+        self.quantization = quantization  # BitsAndBytesConfig's arguments: the weights quantized as they load
+        self.device = device  # where a quantized load puts them (None: where transformers puts them, a GPU first)
         self.__qualname__ = str(self.folder)  # what a config's to_dict names the model by: the folder
         mapping = _offline_transformers().AutoModelForCausalLM._model_mapping
         if type(config) not in mapping:
@@ -119,21 +122,40 @@ class HFCheckpoint(HFCausalLM):
                               f"({type(config).__name__}) has no causal-LM model in transformers")
 
     def copy(self) -> HFCheckpoint:
-        fresh = HFCheckpoint(self.folder, self.field, self.source)
+        fresh = HFCheckpoint(self.folder, self.field, self.source, self.quantization, self.device)
         fresh._config, fresh._class = self._config, self._class
         return fresh
+
+    def resolve(self, cfg: Any, preset: Any) -> dict:
+        """HFCausalLM's fields, and the model loaded quantized where a toggle holds its weights so (quantized_base:
+        Toggle.loaded_quantized); layers chosen by name (RunConfig.adapter_targets) are swapped once loaded instead,
+        as for any model, since transformers quantizes every linear layer but the head."""
+        from ..toggles import TOGGLES
+
+        fields = super().resolve(cfg, preset)
+        asked = [TOGGLES[name].loaded_quantized(value) for name, value in cfg.toggles.items()]
+        quantization = next((q for q in asked if q), None) if cfg.adapter_targets is None else None
+        device = None if cfg.device == "auto" else cfg.device
+        if quantization != self.quantization or (quantization and device != self.device):
+            fields["model"] = HFCheckpoint(self.folder, self.field, self.source, quantization, device)
+        return fields
 
     def _make(self) -> torch.nn.Module:
         if _shapes_only():  # the planner (fake tensors) or a parameter count (meta): the config alone
             return super()._make()
         transformers = _offline_transformers()
         safetensors = any((self.folder / name).is_file() for name in WEIGHT_FILES[:2])
+        quantized = {}
+        if self.quantization:
+            quiet_import("bitsandbytes")  # imported with the Hub offline: on a CPU it looks for a kernel there
+            config = transformers.BitsAndBytesConfig(**self.quantization, bnb_4bit_compute_dtype=torch.float32)
+            quantized = dict(quantization_config=config, device_map={"": self.device} if self.device else None)
         with _no_progress_bar(transformers):
             # a copy of the config: the model keeps and changes its own (resize_token_embeddings sets vocab_size)
             return transformers.AutoModelForCausalLM.from_pretrained(
                 str(self.folder), config=copy.deepcopy(self.source), local_files_only=True,
                 use_safetensors=safetensors or None, dtype=torch.float32,
-                attn_implementation=self.attn_implementation)
+                attn_implementation=self.attn_implementation, **quantized)
 
     def tokenizer(self, field: str | None = None):
         """The folder's tokenizer (refused, naming the folder, where it has no tokenizer files)."""
