@@ -35,6 +35,12 @@ class QuantizedBase(Toggle):
             return False, "quantized_base needs bitsandbytes, which is not installed (pip install bitsandbytes)"
         return True, ""
 
+    def loaded_quantized(self, mode: str) -> dict:
+        # as quantize_targets holds them: LLM.int8() without the outlier split, or 4-bit with a nested absmax
+        if mode == "int8":
+            return {"load_in_8bit": True, "llm_int8_threshold": 0.0}
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": mode, "bnb_4bit_use_double_quant": True}
+
     def apply(self, ctx: BuildContext, mode: str) -> None:
         # bitsandbytes' int8 matmul on a CPU warns at every call that it casts its inputs to fp16
         ctx.stack.enter_context(warnings.catch_warnings())
@@ -46,12 +52,6 @@ class QuantizedBase(Toggle):
         else:
             replaced = quantize_targets(ctx, mode)
             ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
-
-    def loaded_quantized(self, mode: str) -> dict:
-        # as quantize_targets holds them: LLM.int8() without the outlier split, or 4-bit with a nested absmax
-        if mode == "int8":
-            return {"load_in_8bit": True, "llm_int8_threshold": 0.0}
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": mode, "bnb_4bit_use_double_quant": True}
 
     def plan(self, facts, value) -> None:
         # bitsandbytes' kernels cannot run on fake tensors: the planner traces the base in fp32 and swaps its sizes
