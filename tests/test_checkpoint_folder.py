@@ -163,6 +163,17 @@ def test_greedy_tokens_equal_transformers_generate_on_the_folders_tokenizer(fold
     assert result.texts == [PROMPT + tok.decode(result.token_ids[0])]
 
 
+def test_quality_reads_the_held_out_text_in_the_folders_tokens(folders):
+    from scalekit.data import split_text
+
+    folder = folders["gpt2"]
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    cfg = GenerateConfig(model=str(folder), prompts=PROMPT, max_new_tokens=2, quality_windows=2, device="cpu")
+    assert cfg.quality_tokens[:100] == tok.encode(split_text("val")[:1000])[:100]
+    assert len(cfg.quality_tokens) > 2 * cfg.quality_window()  # enough for every window asked for
+    assert GenerateConfig(model=str(folder), prompts=PROMPT, quality_tokens=[1, 2, 3]).quality_tokens == [1, 2, 3]
+
+
 # -- the Lab and the command line ----------------------------------------------------------------------------------
 def test_the_lab_takes_a_folder(folders):
     pytest.importorskip("ipywidgets")
@@ -183,6 +194,20 @@ def test_the_command_line_runs_a_folder(folders, tmp_path, capsys):
                  "--warmup-tokens", "0", "--no-quality", "--no-measure-memory"]) == 0
     assert main(["toggles", "--hf-model", folder, "--device", "cpu"]) == 0
     assert f"what applies to Hugging Face LlamaForCausalLM from {folder}" in capsys.readouterr().out
+
+
+def test_export_writes_the_folders_from_pretrained(folders, capsys):
+    folder = folders["llama"]
+    assert main(["export", "hf", "--hf-model", str(folder), "--toggle", "sdpa"]) == 0
+    code = capsys.readouterr().out
+    line = next(x for x in code.splitlines() if x.startswith("model = "))
+    assert line == f'model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, dtype="float32", ' \
+                   f'attn_implementation="sdpa")'
+    namespace = {"AutoModelForCausalLM": transformers.AutoModelForCausalLM}
+    exec(line, namespace)  # the exported line loads the model scalekit ran
+    ids = some_ids(folder)
+    with built(RunConfig(model=str(folder), device="cpu", toggles=["sdpa"])) as ctx:
+        assert torch.equal(logits(namespace["model"].eval(), ids), logits(ctx.base_model.eval(), ids))
 
 
 # -- refusals, each before any weight is read ----------------------------------------------------------------------

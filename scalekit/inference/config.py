@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..checks import check_bool, check_device, check_label, check_threads, int_in
-from ..data import CharTokenizer, corpus_text
+from ..data import CharTokenizer, corpus_text, split_text
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..hf.checkpoint_folder import HFCheckpoint, checkpoint_model, tokenizer_problem
 from ..hf.family_of import generation_family, is_hf_source
@@ -60,7 +60,8 @@ class GenerateConfig:
     """Tokens per held-out window (at most the model's context); None: 256, cut to the model's context."""
     quality_tokens: Any = None
     """Held-out token ids for perplexity and agreement (a 1-D list or tensor); None: the shipped corpus'
-    validation split, where the model's vocabulary holds its characters."""
+    validation split, where the model's vocabulary holds its characters (a checkpoint folder's model: that split
+    read with the folder's tokenizer)."""
     measure_memory: bool = True
     """On CPU, count live tensor bytes over one extra, unmeasured generation for the peak memory."""
     tokenizer: Any = None
@@ -128,6 +129,12 @@ class GenerateConfig:
         texts = not isinstance(self.prompts, list) or any(isinstance(p, str) for p in self.prompts)
         if texts or not tokenizer_problem(self.model.folder):
             self.tokenizer = self.model.tokenizer("GenerateConfig.model")
+            windows, seq = self.quality_windows, self.quality_seq_len or DEFAULT_QUALITY_SEQ_LEN
+            if self.quality is True and self.quality_tokens is None and all(  # (bad values: refused by validate)
+                    isinstance(n, int) and 0 < n <= 2**20 for n in (windows, seq)):
+                # the held-out text in the model's own tokens: as many characters as the windows can read (a
+                # token holds at most a few: 8 each is ample), not the whole split (0.7 s to tokenize)
+                self.quality_tokens = list(self.tokenizer.encode(split_text("val")[:8 * (windows * seq + 1)]))
 
     def _validate_tokenizer(self) -> None:
         if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))
