@@ -182,6 +182,10 @@ def test_the_lab_takes_a_folder(folders):
     lab = Lab(model=str(folders["gpt2"]), device="cpu", hw=scalekit.detect("cpu"))
     assert isinstance(lab.base_config.model, HFCheckpoint) and lab.base_config.model.folder == folders["gpt2"]
     assert "finetune" in lab.panel.controls and "quantized_base" in lab.panel.controls  # offered for it
+    generation = Lab(task="generate", model=str(folders["gpt2"]), device="cpu", hw=scalekit.detect("cpu"))
+    tok = transformers.AutoTokenizer.from_pretrained(folders["gpt2"])
+    assert generation.base_config.model.folder == folders["gpt2"]
+    assert generation.base_config.tokenizer.encode(PROMPT) == tok.encode(PROMPT)  # prompts read with its tokenizer
 
 
 def test_the_command_line_runs_a_folder(folders, tmp_path, capsys):
@@ -193,7 +197,9 @@ def test_the_command_line_runs_a_folder(folders, tmp_path, capsys):
     assert main(["generate", "--hf-model", folder, "--prompt", PROMPT, "--max-new-tokens", "3", "--device", "cpu",
                  "--warmup-tokens", "0", "--no-quality", "--no-measure-memory"]) == 0
     assert main(["toggles", "--hf-model", folder, "--device", "cpu"]) == 0
-    assert f"what applies to Hugging Face LlamaForCausalLM from {folder}" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert said.startswith(f"what applies to Hugging Face LlamaForCausalLM from {folder}:")
+    assert said == str(scalekit.applicable(folder, device="cpu")) + "\n"  # the same from Python, by its path
 
 
 def test_export_writes_the_folders_from_pretrained(folders, capsys):
