@@ -196,6 +196,7 @@ def test_the_command_line_runs_a_folder(folders, tmp_path, capsys):
     assert json.loads(out.read_text())["config"]["model"] == folder
     assert main(["generate", "--hf-model", folder, "--prompt", PROMPT, "--max-new-tokens", "3", "--device", "cpu",
                  "--warmup-tokens", "0", "--no-quality", "--no-measure-memory"]) == 0
+    capsys.readouterr()
     assert main(["toggles", "--hf-model", folder, "--device", "cpu"]) == 0
     said = capsys.readouterr().out
     assert said.startswith(f"what applies to Hugging Face LlamaForCausalLM from {folder}:")
