@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +25,10 @@ from scalekit.hf.checkpoint_folder import HFCheckpoint  # noqa: E402
 from scalekit.inference import GenerateConfig, generate  # noqa: E402
 from scalekit.machine.memory_limit import MemoryLimit  # noqa: E402
 from scalekit.training.build import train_step  # noqa: E402
-from tests.helpers import built, one_thread  # noqa: E402
+from tests.helpers import built, library_lines, one_thread  # noqa: E402
 from tests.own_files import CHECKPOINT_FAMILIES, save_checkpoint  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 QUICK = dict(measure_memory=False, quality=False, warmup_tokens=0, device="cpu")
 PROMPT = "ROMEO: the king is"
 
@@ -278,23 +281,45 @@ def test_a_model_larger_than_the_memory_allowed_is_refused_with_its_size(folders
         scalekit.run(RunConfig(model=str(folders["llama"]), device="cpu", steps=1, warmup_steps=0))
 
 
-# -- nothing reaches for the network ------------------------------------------------------------------------------
-def test_loading_a_folder_sets_the_hub_offline_and_attempts_no_connection(folders, monkeypatch):
-    attempts = []
+# -- nothing reaches for the network, nothing but scalekit speaks ------------------------------------------------
+OFFLINE = r'''
+import os, socket, sys
+attempts = []
 
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("test: no network connection may be attempted")
+def refuse(*args, **kwargs):
+    attempts.append(args[1:2] or args[:1])
+    raise OSError("test: no network connection may be attempted")
 
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    folder = str(folders["qwen2"])
-    assert scalekit.run(RunConfig(model=folder, device="cpu", steps=1, warmup_steps=0, batch_size=2, seq_len=16)).ok
-    assert generate(GenerateConfig(model=folder, prompts=PROMPT, max_new_tokens=2, **QUICK)).ok
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
-    assert attempts == []
-    with pytest.raises(OSError, match="no network connection"):  # the refusal is real
-        socket.create_connection(("127.0.0.1", 9))
+socket.socket.connect = refuse
+socket.socket.connect_ex = refuse
+socket.create_connection = refuse
+
+from scalekit.cli.main import main
+folder = sys.argv[1]
+quick = ["--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--steps", "1", "--warmup-steps", "0"]
+assert main(["bench", "--hf-model", folder, *quick, "--toggle", "lora=4", "--toggle", "quantized_base=nf4"]) == 0
+assert main(["generate", "--hf-model", folder, "--prompt", "ROMEO: the", "--max-new-tokens", "3", "--device", "cpu",
+             "--warmup-tokens", "0"]) == 0
+print("attempts", len(attempts), attempts, "offline", os.environ.get("HF_HUB_OFFLINE"))
+'''
+
+
+def test_loading_a_folder_sets_the_hub_offline_attempts_no_connection_and_prints_only_scalekits_words(folders):
+    # a fresh process, HF_HUB_OFFLINE unset on purpose: scalekit switches the Hub off itself; every socket refuses
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", OFFLINE, str(folders["qwen2"])], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "attempts 0 [] offline 1"
+    foreign = library_lines(proc.stdout, proc.stderr)
+    assert not foreign, "\n".join(foreign)
+
+
+def test_the_refusal_is_real():
+    # the patched socket does refuse: a connection attempted under it fails and is counted
+    code = OFFLINE.split("from scalekit")[0] + (
+        "try:\n    socket.create_connection(('127.0.0.1', 9))\nexcept OSError as e:\n    print('refused', e)\n"
+        "print('attempts', len(attempts))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "refused test: no network" in proc.stdout and proc.stdout.strip().endswith("attempts 1"), proc.stdout

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import ConfigError
 from ..optional import quiet_import
-from .model import HFCausalLM
+from .model import HFCausalLM, _transformers
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -143,7 +143,8 @@ class HFCheckpoint(HFCausalLM):
     def _make(self) -> torch.nn.Module:
         if _shapes_only():  # the planner (fake tensors) or a parameter count (meta): the config alone
             return super()._make()
-        transformers = _offline_transformers()
+        _offline_transformers()  # the Hub switched off
+        transformers = _transformers()  # its model code imported quietly (it imports torchao where installed)
         safetensors = any((self.folder / name).is_file() for name in WEIGHT_FILES[:2])
         quantized = {}
         if self.quantization:
