@@ -103,14 +103,20 @@ def _config(args, toggles) -> RunConfig:
 
 
 def _hf_model(args):
-    """--hf-model FAMILY: scalekit.hf.causal_lm(FAMILY) in the shape of --preset (auto: this machine's default)."""
+    """--hf-model FAMILY: scalekit.hf.causal_lm(FAMILY) in the shape of --preset (auto: this machine's default);
+    --hf-model PATH: the checkpoint folder at PATH, loaded offline (scalekit.hf.checkpoint_folder)."""
     if args.hf_model is None:
         return None
     from ..hf import FAMILIES, causal_lm
+    from ..hf.checkpoint_folder import checkpoint_model, looks_like_path
     from ..machine.hardware import detect
 
+    if looks_like_path(args.hf_model):
+        return checkpoint_model(args.hf_model, "--hf-model")
+
     if args.hf_model not in FAMILIES:  # said before transformers is imported
-        raise ConfigError(f"--hf-model: unknown family {args.hf_model!r}; allowed: {', '.join(FAMILIES)}")
+        raise ConfigError(f"--hf-model: unknown family {args.hf_model!r}; allowed: {', '.join(FAMILIES)}, or the "
+                          f"path of a checkpoint folder (./my-model)")
 
     preset = RunConfig(preset=args.preset).resolve(detect(args.device)).preset if args.preset == "auto" else args.preset
     return causal_lm(args.hf_model, preset=preset)

@@ -22,12 +22,13 @@ def _toggle_arg(text: str) -> tuple[str, object]:
 def _run_options(p: argparse.ArgumentParser) -> None:
     """Every RunConfig field's flag (scalekit.cli.fields derives them), and --hf-model for its model."""
     add_field_flags(p, RunConfig)
-    _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline in the preset's shape, instead of "
-                        "scalekit's GPT (needs transformers)")
+    _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline in the preset's shape, or PATH: a "
+                        "checkpoint folder (config.json, model.safetensors) loaded offline, instead of scalekit's GPT "
+                        "(needs transformers)")
 
 
 def _hf_model_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002 - argparse's own word
-    p.add_argument("--hf-model", default=None, metavar="FAMILY", help=help)
+    p.add_argument("--hf-model", default=None, metavar="FAMILY|PATH", help=help)
 
 
 # the GenerateConfig fields a ladder's generation (ladder inference, tune --generate) takes as flags of its own;
@@ -46,7 +47,8 @@ def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
         add_field_flags(p, GenerateConfig, LADDER_GENERATE_FIELDS, help_prefix=what)
         return
     _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline with random weights in the shape of "
-                        "--model's preset (default: this machine's), instead of scalekit's GPT (needs transformers)")
+                        "--model's preset (default: this machine's), or PATH: a checkpoint folder loaded offline, its "
+                        "prompts read with the folder's tokenizer, instead of scalekit's GPT (needs transformers)")
     add_field_flags(p, GenerateConfig)
 
 
@@ -78,9 +80,9 @@ def _parser(toggle_names: tuple[str, ...], ladder_kinds: tuple[str, ...]) -> arg
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
     tog.add_argument("name", nargs="?", default=None, metavar="NAME",
                      help=f"one toggle: its explainer and the code it runs ({', '.join(TOGGLES)})")
-    tog.add_argument("--hf-model", default=None, metavar="FAMILY",
-                     help="what applies to a Hugging Face model (gpt2 or llama, built offline): every toggle for "
-                          "training and generation, with the reason")
+    tog.add_argument("--hf-model", default=None, metavar="FAMILY|PATH",
+                     help="what applies to a Hugging Face model (gpt2 or llama, built offline, or PATH: a checkpoint "
+                          "folder): every toggle for training and generation, with the reason")
     tog.add_argument("--preset", default="auto", help="with --hf-model: the shape it is built in (default: auto)")
     tog.add_argument("--device", default="auto", help="with --hf-model: the device asked about (auto, cpu, cuda)")
     return p

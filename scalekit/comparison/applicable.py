@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..hf.checkpoint_folder import checkpoint_model
 from ..hf.family_of import generation_family, is_hf_source, model_adapter, toggle_family
 from ..hf.model import HFCausalLM, is_hf_config
 from ..inference.config import GenerateConfig
@@ -76,7 +77,7 @@ class Applicability:
 def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware | None = None) -> Applicability:
     """Every toggle × {train, generate}: applies / applies here only on a GPU / unavailable here / does not
     apply, with the reason.  `model_or_config`: a model (an nn.Module, a Hugging Face model, config or
-    causal_lm(...)), a RunConfig, a GenerateConfig, a preset name, or None (the built-in GPT)."""
+    causal_lm(...), a checkpoint folder's path), a RunConfig, a GenerateConfig, a preset name, or None (the built-in GPT)."""
     hw = hw or detect(device)
     train_cfg, gen_cfg, model = _configs(model_or_config)
     train_cfg = train_cfg.resolve(hw) if train_cfg is not None else None  # once: the data toggles read its data
@@ -95,6 +96,8 @@ def applicable(model_or_config: Any = None, device: str = "auto", hw: Hardware |
 
 def _configs(source: Any) -> tuple[RunConfig | None, GenerateConfig | None, Any]:
     """The training config the data toggles are asked about, the generation config, and the model."""
+    if not (isinstance(source, str) and source in PRESETS):  # a checkpoint folder's path: its family
+        source = checkpoint_model(source, "applicable")
     if isinstance(source, RunConfig):
         return source, None, source.model
     if isinstance(source, GenerateConfig):

@@ -45,6 +45,8 @@ def _header(cfg: Any, where: str, notes: list[str], missing: list[str]) -> list[
     assumes = ("# Assumes `config` (a transformers config) and `train_dataset` (dicts of input_ids, labels)." if not own
                else f"# Assumes `model` (your {own}, built as scalekit built it), your `loss_fn(model, batch)` and "
                     f"`train_dataset` (samples your loss_fn reads once torch's default_collate batches them).")
+    if _folder(cfg) is not None:  # a checkpoint folder: its config and weights are read from it
+        assumes = "# Assumes `train_dataset` (dicts of input_ids, labels)."
     return [f"# scalekit configuration {label!r} in {where}.", assumes,
             *[f"# note: {n}" for n in notes], *[f"# not carried: {m}" for m in missing]]
 
@@ -54,7 +56,15 @@ def _model_lines(cfg: Any, spelled: Spelling, indent: str = "") -> list[str]:
     beforehand) with them."""
     options = "".join(f", {k}={v}" for k, v in spelled.model_kwargs.items())
     built = [] if own_module(cfg) else [f"{indent}model = AutoModelForCausalLM.from_config(config{options})"]
+    if _folder(cfg) is not None:
+        built = [f"{indent}model = AutoModelForCausalLM.from_pretrained({_folder(cfg)!r}, dtype=\"float32\"{options})"]
     return [*built, *[indent + line for line in spelled.model]]
+
+
+def _folder(cfg: Any) -> str | None:
+    """The checkpoint folder RunConfig.model was read from (scalekit.hf.checkpoint_folder), or None."""
+    folder = getattr(cfg.model, "folder", None)
+    return None if folder is None else str(folder)
 
 
 def _auto_model_import(cfg: Any) -> list[str]:

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from ..checks import check_bool, check_device, check_label, check_threads, int_in
-from ..data import CharTokenizer, corpus_text
+from ..data import CharTokenizer, corpus_text, split_text
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
+from ..hf.checkpoint_folder import HFCheckpoint, checkpoint_model, tokenizer_problem
 from ..hf.family_of import generation_family, is_hf_source
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
@@ -31,7 +32,8 @@ class GenerateConfig:
     model: Any = "shakespeare-char"
     """'shakespeare-char' (the shipped model), a preset ('tiny', 'small', 'medium', 'gpt2-124m': random
     weights from `seed`), a Hugging Face causal LM (a PreTrainedModel, a transformers config, or
-    scalekit.hf.causal_lm(...)), or your own model (a module, or a function building one) whose forward(idx)
+    scalekit.hf.causal_lm(...), or the path of a checkpoint folder save_pretrained wrote: loaded offline, prompts
+    read with its tokenizer), or your own model (a module, or a function building one) whose forward(idx)
     returns logits (B, T, V), a tuple that starts with them, or an object with `.logits`; it gets a KV cache
     when it follows one of the conventions of scalekit.models.conventions."""
     prompts: str | Sequence[str] | Sequence[Sequence[int]] = "ROMEO:"
@@ -58,11 +60,13 @@ class GenerateConfig:
     """Tokens per held-out window (at most the model's context); None: 256, cut to the model's context."""
     quality_tokens: Any = None
     """Held-out token ids for perplexity and agreement (a 1-D list or tensor); None: the shipped corpus'
-    validation split, where the model's vocabulary holds its characters."""
+    validation split, where the model's vocabulary holds its characters (a checkpoint folder's model: that split
+    read with the folder's tokenizer)."""
     measure_memory: bool = True
     """On CPU, count live tensor bytes over one extra, unmeasured generation for the peak memory."""
     tokenizer: Any = None
-    """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters."""
+    """Something with encode(str) -> ids and decode(ids) -> str; None: the shipped corpus' characters (a
+    checkpoint folder's model: the folder's tokenizer)."""
     label: str | None = None
     """Name of the run in tables and plots (None: made from the toggles)."""
     threads: int | None = None
@@ -77,6 +81,7 @@ class GenerateConfig:
         elif isinstance(self.prompts, Sequence):
             self.prompts = [p if isinstance(p, str) else list(p) if isinstance(p, Sequence) else p
                             for p in self.prompts]
+        self._checkpoint_folder()
         if self.max_new_tokens is None:
             self.max_new_tokens = self._fitting_new_tokens()
         self.validate()
@@ -113,6 +118,23 @@ class GenerateConfig:
         check_threads("GenerateConfig", self.threads)
         self._validate_lengths()
         self._validate_quality_tokens()
+
+    def _checkpoint_folder(self) -> None:
+        """A model given as a checkpoint folder's path: its family (scalekit.hf.checkpoint_folder), and its own
+        tokenizer where none is given (refused, naming the folder, when text prompts need one it does not have)."""
+        if not (isinstance(self.model, str) and self.model in MODEL_NAMES):
+            self.model = checkpoint_model(self.model, "GenerateConfig.model")
+        if not isinstance(self.model, HFCheckpoint) or self.tokenizer is not None:
+            return
+        texts = not isinstance(self.prompts, list) or any(isinstance(p, str) for p in self.prompts)
+        if texts or not tokenizer_problem(self.model.folder):
+            self.tokenizer = self.model.tokenizer("GenerateConfig.model")
+            windows, seq = self.quality_windows, self.quality_seq_len or DEFAULT_QUALITY_SEQ_LEN
+            if self.quality is True and self.quality_tokens is None and all(  # (bad values: refused by validate)
+                    isinstance(n, int) and 0 < n <= 2**20 for n in (windows, seq)):
+                # the held-out text in the model's own tokens: as many characters as the windows can read (a
+                # token holds at most a few: 8 each is ample), not the whole split (0.7 s to tokenize)
+                self.quality_tokens = list(self.tokenizer.encode(split_text("val")[:8 * (windows * seq + 1)]))
 
     def _validate_tokenizer(self) -> None:
         if self.tokenizer is not None and not (callable(getattr(self.tokenizer, "encode", None))

@@ -279,6 +279,12 @@ class Toggle:
         a multiple of it: the batch-size finder steps by it); by default 1."""
         return 1
 
+    def loaded_quantized(self, value: Any) -> dict | None:
+        """How this toggle, on with `value`, has a checkpoint's weights held as transformers loads them: the keyword
+        arguments of a BitsAndBytesConfig (a model read from a checkpoint folder is then quantized as it is loaded,
+        never held in fp32: scalekit.hf.checkpoint_folder), or None: loaded as saved.  By default None."""
+        return None
+
     def plan(self, facts: PlanFacts, value: Any) -> None:
         """Tell the planner what this toggle changes in a training step's memory (the fields of PlanFacts)."""
 

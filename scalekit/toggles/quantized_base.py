@@ -35,12 +35,23 @@ class QuantizedBase(Toggle):
             return False, "quantized_base needs bitsandbytes, which is not installed (pip install bitsandbytes)"
         return True, ""
 
+    def loaded_quantized(self, mode: str) -> dict:
+        # as quantize_targets holds them: LLM.int8() without the outlier split, or 4-bit with a nested absmax
+        if mode == "int8":
+            return {"load_in_8bit": True, "llm_int8_threshold": 0.0}
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": mode, "bnb_4bit_use_double_quant": True}
+
     def apply(self, ctx: BuildContext, mode: str) -> None:
         # bitsandbytes' int8 matmul on a CPU warns at every call that it casts its inputs to fp16
         ctx.stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
-        replaced = quantize_targets(ctx, mode)
-        ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
+        if getattr(ctx.base_model, "hf_quantizer", None) is not None:  # a checkpoint folder, quantized as it loaded
+            replaced = loaded_targets(ctx)
+            ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights loaded in {mode} "
+                             f"from the checkpoint (transformers' BitsAndBytesConfig), never held in fp32")
+        else:
+            replaced = quantize_targets(ctx, mode)
+            ctx.notes.append(f"quantized_base: {replaced / 2**20:.2f} MiB of fp32 block weights held in {mode}")
 
     def plan(self, facts, value) -> None:
         # bitsandbytes' kernels cannot run on fake tensors: the planner traces the base in fp32 and swaps its sizes
@@ -74,6 +85,20 @@ def quantize_targets(ctx: BuildContext, mode: str) -> int:
     # peft picks its bitsandbytes LoRA layers only for a model that says it is loaded quantized
     model.is_loaded_in_4bit = mode != "int8"
     model.is_loaded_in_8bit = mode == "int8"
+    return replaced
+
+
+def loaded_targets(ctx: BuildContext) -> int:
+    """The adapter targets of a base transformers loaded quantized, made to compute as quantize_targets' layers do
+    (in the run's compute dtype, the 4-bit layout backward needs); returns the fp32 bytes they stand for."""
+    model = ctx.base_model
+    replaced = 0
+    for name in adapter_targets(model, ctx.config.adapter_targets):
+        layer = model.get_submodule(name)
+        if hasattr(layer, "compute_dtype"):  # 4-bit (see models.quantization.bnb_linear for the layout)
+            layer.compute_dtype = ctx.compute_dtype or torch.float32
+            layer.support_avx512bf16_for_cpu = False
+        replaced += 4 * layer.in_features * layer.out_features
     return replaced
 
 

@@ -26,6 +26,7 @@ from ..data.files import ALLOWED as DATA_FILES
 from ..data.files import data_format, is_data_path, path_exists
 from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
+from ..hf.checkpoint_folder import checkpoint_model
 from ..hf.family_of import model_adapter, toggle_family
 from ..hf.tokenizer_of import no_tokenizer
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
@@ -79,7 +80,8 @@ class RunConfig:
     """Dense peak TFLOP/s of the device for MFU; None uses scalekit's table (unknown device: MFU n/a)."""
     model: Callable[[], torch.nn.Module] | torch.nn.Module | None = None
     """Your own model (or a function that builds one) instead of the built-in GPT; a Hugging Face causal LM
-    (a PreTrainedModel, or scalekit.hf.causal_lm(...)) needs no batch_fn or loss_fn."""
+    (a PreTrainedModel, scalekit.hf.causal_lm(...), or the path of a checkpoint folder save_pretrained wrote,
+    loaded offline) needs no batch_fn or loss_fn."""
     batch_fn: Callable[[int, torch.device], Any] | None = None
     """With `model`: batch_fn(batch_size, device) -> a batch for loss_fn, synthetic batches made in the training
     process (a Hugging Face model without batch_fn or dataset: the shipped corpus)."""
@@ -191,6 +193,7 @@ class RunConfig:
                               f"windows of its tokens end to end)")
 
     def _validate_model(self) -> None:
+        self.model = checkpoint_model(self.model, "RunConfig.model")  # a checkpoint folder's path: its family
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
         self._validate_dataset()
         batches = self.batch_fn if self.batch_fn is not None else self.dataset

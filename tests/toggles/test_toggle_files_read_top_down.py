@@ -24,6 +24,7 @@ HEADING = "# Framework spellings: Trainer arguments, accelerate, Lightning"
 CHECKS = {  # asked before anything is built: whether the toggle, with a value, can run here and on this model
     "available", "choice_available", "available_in_ranks", "changes_nothing", "applies_to", "choice_applies",
     "config_applies", "validate",
+    "loaded_quantized",  # (and how a checkpoint folder's weights are to be loaded)
 }
 PLAN = {  # what the planner (and the batch-size finder, and the mesh built before the toggles act) reads of it
     "plan", "traced", "planned", "micro_batches", "mesh_dims",
