@@ -28,7 +28,7 @@ from scalekit.training.build import train_step  # noqa: E402
 from tests.helpers import built, library_lines, one_thread  # noqa: E402
 from tests.own_files import CHECKPOINT_FAMILIES, save_checkpoint  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = dict(measure_memory=False, quality=False, warmup_tokens=0, device="cpu")
 PROMPT = "ROMEO: the king is"
 
