@@ -4,13 +4,19 @@ An adapter file holds the adapter tensors and how they were made (rank, targets,
 of the model's size, written atomically, read back with `torch.load(weights_only=True)` (tensors and
 plain containers only, no pickled code).  Merging folds B·A (scaled) into each base weight, so the merged
 model is a plain model again with the adapted outputs; over a quantized base (QLoRA) the merge has to
-re-quantize the sum, which is lossy: `merge_logit_difference` measures by how much.
+re-quantize the sum, which is lossy: `merge_logit_difference` measures by how much.  `save_merged` writes the
+merge of a Transformers model as a plain checkpoint folder (`from_pretrained` loads it, no peft and no
+bitsandbytes needed): a quantized base is dequantized after the merge, so the folder's logits are the merged
+model's.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -80,6 +86,42 @@ def merge(model) -> torch.nn.Module:
     with warnings.catch_warnings():  # peft warns that merging into a 4-bit base rounds: measured, not hidden
         warnings.filterwarnings("ignore", message="Merge lora module to 4-bit linear")
         return model.merge_and_unload()
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def save_merged(model, folder: str | os.PathLike, tokenizer_from: str | os.PathLike | None = None) -> Path:
+    """The adapters of a Transformers `model` merged into its base, saved as a plain checkpoint in `folder` (a
+    quantized base dequantized: the folder holds the merged model's weights in full precision); the tokenizer's
+    files copied from the checkpoint folder `tokenizer_from`.  Written beside `folder` and renamed into place."""
+    target = Path(folder).expanduser()
+    if target.exists():
+        raise ConfigError(f"save_merged: {target} exists; give a new folder")
+    merged = merge(model)
+    if not hasattr(merged, "save_pretrained"):
+        raise ConfigError(f"save_merged: a merged checkpoint folder is written for a Transformers model; "
+                          f"{type(merged).__name__} has no save_pretrained (save its state_dict instead)")
+    if getattr(merged, "hf_quantizer", None) is not None or getattr(merged, "is_quantized", False):
+        merged = merged.dequantize()
+    swapped = sorted({type(m).__name__ for m in merged.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt")})
+    if swapped:
+        raise ConfigError(f"save_merged: the base holds bitsandbytes layers ({', '.join(swapped)}) that transformers "
+                          f"did not load, so it cannot dequantize them; a checkpoint folder as the model "
+                          f"(RunConfig(model='PATH')) loads its base quantized the way it can")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        merged.save_pretrained(staging, safe_serialization=True)
+        for name in TOKENIZER_FILES if tokenizer_from is not None else ():
+            if (Path(tokenizer_from) / name).is_file():
+                shutil.copy2(Path(tokenizer_from) / name, staging / name)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
 
 
 @torch.no_grad()
