@@ -17,8 +17,10 @@ verification) finds out from one short forward and says so in one line (scalekit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -185,14 +187,26 @@ def module_family(source: Any) -> OwnModel:
 
 
 def _built_class(factory) -> type | None:
-    """The class a function builds, read by building it once on the meta device (no memory, no init)."""
+    """The class a function builds, read by building it once on the meta device (no memory, no init), the global
+    random state left as it was; read once per function (configs and families ask again as a run is made)."""
     try:
-        with torch.device("meta"):
+        return _BUILT_CLASSES[factory]
+    except (KeyError, TypeError):  # not read yet, or a callable that cannot be a weak key: read now
+        pass
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
             built = factory()
     except Exception:  # a factory that cannot run on meta tensors: its convention is found when it is built
         return None
     # a function that returns no module: the build refuses it, naming GenerateConfig.model
-    return type(built) if isinstance(built, torch.nn.Module) else None
+    cls = type(built) if isinstance(built, torch.nn.Module) else None
+    with contextlib.suppress(TypeError):
+        _BUILT_CLASSES[factory] = cls
+    return cls
+
+
+built_class = _built_class  # the same, for the families (scalekit.hf.family_of)
+_BUILT_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> the class it builds
 
 
 BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)

@@ -24,6 +24,7 @@ from ..data import DATA_SOURCES, DEFAULT_TRANSFORM_ROUNDS, check_dataset
 from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..hf.family_of import model_adapter, toggle_family
+from ..models.import_spec import import_named_code
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from ..toggles import TOGGLES, check_combination, mesh_dims, normalise
 
@@ -156,6 +157,7 @@ class RunConfig:
             _transform_without_raw(self.data)
 
     def _validate_model(self) -> None:
+        import_named_code(self, ("model", "batch_fn", "loss_fn"))  # "mypkg.models:make": what it names
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
         self._validate_dataset()
         batches = self.batch_fn if self.batch_fn is not None else self.dataset
