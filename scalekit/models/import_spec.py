@@ -85,7 +85,7 @@ def imported_model(spec: str, what: str) -> Any:
         except Exception as exc:  # noqa: BLE001 - the factory's own failure, said in one line
             raise ConfigError(f"{what} {spec}: the factory raised {_said(exc)}") from None
     if not isinstance(built, torch.nn.Module):
-        raise ConfigError(f"{what} {spec}: the factory returned a {type(built).__name__}, not a torch.nn.Module")
+        raise ConfigError(f"{what} {spec}: the factory returned a value of type {type(built).__name__}, not a torch.nn.Module")
     return value
 
 
