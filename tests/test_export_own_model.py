@@ -103,3 +103,15 @@ def test_the_exported_code_trains_and_swaps_what_scalekit_does(ran, case, target
         assert swapped == {f"blocks.{i}.0.base_layer": f"bitsandbytes.nn.modules.{kind}" for i in range(2)}
     else:
         assert swapped == {} and mine["trained"] == ["head.bias", "head.weight"]
+
+
+def test_a_function_returning_a_transformers_model_is_exported_as_one():
+    from transformers import AutoModelForCausalLM
+
+    from tests.families import hf_config
+
+    config = hf_config("gpt2")
+    code = export_code(RunConfig(model=lambda: AutoModelForCausalLM.from_config(config), toggles={"head_only": True}),
+                       "hf")
+    assert "# Assumes `config` (a transformers config)" in code and "model = AutoModelForCausalLM.from_config(" in code
+    assert "model.set_output_embeddings(copy.deepcopy(model.get_output_embeddings())" in code  # Transformers' spelling
