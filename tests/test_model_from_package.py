@@ -67,6 +67,7 @@ def not_a_module():
 
 
 not_a_function = 42
+instance = PlainLM(d=8)  # a module itself, not a factory
 """
 
 
@@ -147,6 +148,8 @@ def test_python_takes_the_same_strings(on_path):
     assert RunConfig(model=f"{PKG}.models:Factories.small", loss_fn=models.loss,  # dotted after the colon
                      batch_fn=models.batches).model is models.Factories.small
     assert GenerateConfig(model=f"{PKG}.models:make", prompts=[[1, 2]], max_new_tokens=2).model is models.make
+    assert RunConfig(model=f"{PKG}.models:instance", loss_fn=models.loss, batch_fn=models.batches).model \
+        is models.instance
     with pytest.raises(ConfigError, match=rf"^RunConfig\.model {PKG}\.models:broken: the factory raised "
                                           r"RuntimeError: no weights in the attic$"):
         RunConfig(model=f"{PKG}.models:broken", loss_fn=models.loss, batch_fn=models.batches)
