@@ -175,7 +175,7 @@ class SetupCachesLM(OwnModel):
 
 def module_family(source: Any) -> OwnModel:
     """The convention a model of your own follows (read from its class), as its generation family."""
-    cls = type(source) if isinstance(source, torch.nn.Module) else _built_class(source)
+    cls = type(source) if isinstance(source, torch.nn.Module) else built_class(source)
     if cls is None:
         return OwnModel(source)
     if callable(getattr(cls, "setup_caches", None)):
@@ -186,7 +186,7 @@ def module_family(source: Any) -> OwnModel:
     return OwnModel(source, cls)
 
 
-def _built_class(factory) -> type | None:
+def built_class(factory) -> type | None:
     """The class a function builds, read by building it once on the meta device (no memory, no init), the global
     random state left as it was; read once per function (configs and families ask again as a run is made)."""
     try:
@@ -197,7 +197,7 @@ def _built_class(factory) -> type | None:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             built = factory()
     except Exception:  # a factory that cannot run on meta tensors: its convention is found when it is built
-        return None
+        built = None
     # a function that returns no module: the build refuses it, naming GenerateConfig.model
     cls = type(built) if isinstance(built, torch.nn.Module) else None
     with contextlib.suppress(TypeError):
@@ -205,8 +205,7 @@ def _built_class(factory) -> type | None:
     return cls
 
 
-built_class = _built_class  # the same, for the families (scalekit.hf.family_of)
-_BUILT_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> the class it builds
+_BUILT_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> the class it builds (or None)
 
 
 BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)
