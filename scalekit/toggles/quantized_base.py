@@ -92,14 +92,13 @@ def own_model_spelling(mode: str, model: torch.nn.Module | None, why: str, cfg) 
     if not all(isinstance(model.get_submodule(n), torch.nn.Linear) for n in names):
         return Spelling(missing="the layers to quantize are not all nn.Linear (transformers' Conv1D stores its weight "
                                 "transposed): swap them for bitsandbytes layers by hand")
-    compute = "torch.bfloat16" if "bf16" in cfg.toggles else "torch.float16" if "fp16" in cfg.toggles else "torch.float32"
     if mode == "int8":  # LLM.int8() with its outlier split off (threshold 0): every column quantized
         layer = ("    new = bnb.nn.Linear8bitLt(old.in_features, old.out_features, bias=old.bias is not None, "
                  "has_fp16_weights=False, threshold=0.0, device=\"meta\")",
                  "    new.weight = bnb.nn.Int8Params(old.weight.data, requires_grad=False, has_fp16_weights=False)")
     else:
         layer = (f"    new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None, "
-                 f"compute_dtype={compute}, quant_type={mode!r}, device=\"meta\")",
+                 f"quant_type={mode!r}, device=\"meta\")",  # computes in its input's dtype (fp32, bf16)
                  f"    new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, quant_type={mode!r}, "
                  f"blocksize=64, compress_statistics=True)")
     return Spelling(imports=("import bitsandbytes as bnb", "import torch"), model=(
