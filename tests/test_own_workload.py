@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 import scalekit
-from scalekit import GenerateConfig, RunConfig
+from scalekit import GenerateConfig, RunConfig, applicable
 from scalekit.cli.main import main
-from scalekit import applicable
 from scalekit.toggles import ORDER
 from tests.helpers import CPU, ConvNet, classify_loss, image_batch, one_thread
 
