@@ -185,6 +185,12 @@ FAILURES = {
     "batch_fn missing": (["--model", f"{SPEC}:make", "--loss-fn", f"{SPEC}:loss", "--batch-fn", f"{SPEC}:batchs"],
                          f"--batch-fn {SPEC}:batchs: {SPEC} has no attribute 'batchs' (its functions and classes: "
                          f"PlainLM, hf_config, lm_loss, token_pairs, make, loss, batches, make_hf)"),
+    "no loss_fn": (["--model", f"{SPEC}:make", "--batch-fn", f"{SPEC}:batches"],
+                   f"--model {SPEC}:make builds your own nn.Module, which trains with --loss-fn too "
+                   f"(package.module:name); a Transformers model needs neither"),
+    "neither": (["--model", f"{SPEC}:make"],
+                f"--model {SPEC}:make builds your own nn.Module, which trains with --loss-fn and --batch-fn too "
+                f"(package.module:name); a Transformers model needs neither"),
     "two models": (["--model", f"{SPEC}:make_hf", "--hf-model", "gpt2"],
                    f"--model {SPEC}:make_hf and --hf-model gpt2 both name the model: give one"),
 }

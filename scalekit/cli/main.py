@@ -14,6 +14,7 @@ import threading
 from ..comparison.repeats import check_repeats
 from ..errors import ConfigError
 from ..files import STDOUT, check_writable, save_text
+from ..hf.family_of import model_adapter
 from ..launch import commands as launch_commands
 from ..measure.load import in_launched_rank
 from ..models.import_spec import imported_function, imported_model
@@ -105,8 +106,12 @@ def _check_generation_flags(args, model: str) -> None:
 
 
 def _config(args, toggles) -> RunConfig:
-    return RunConfig(toggles=toggles, model=_own_model(args) or _hf_model(args), **_own_functions(args),
-                     **given_fields(args, RunConfig))
+    own, functions = _own_model(args), _own_functions(args)
+    if own is not None and model_adapter(own) is None and len(functions) < 2:  # a plain nn.Module: said by flag
+        missing = " and ".join(f"--{n.replace('_', '-')}" for n in ("loss_fn", "batch_fn") if n not in functions)
+        raise ConfigError(f"--model {args.model} builds your own nn.Module, which trains with {missing} too "
+                          f"(package.module:name); a Transformers model needs neither")
+    return RunConfig(toggles=toggles, model=own or _hf_model(args), **functions, **given_fields(args, RunConfig))
 
 
 # -- --model, --loss-fn, --batch-fn: code of your own, named package.module:name (scalekit.models.import_spec) --
