@@ -153,7 +153,7 @@ def test_python_takes_the_same_strings(on_path):
     with pytest.raises(ConfigError, match=rf"^RunConfig\.model {PKG}\.models:broken: the factory raised "
                                           r"RuntimeError: no weights in the attic$"):
         RunConfig(model=f"{PKG}.models:broken", loss_fn=models.loss, batch_fn=models.batches)
-    with pytest.raises(ConfigError, match=rf"^RunConfig\.loss_fn {PKG}\.models:not_a_function: is a int, not a"):
+    with pytest.raises(ConfigError, match=rf"^RunConfig\.loss_fn {PKG}\.models:not_a_function: is an int, not a"):
         RunConfig(model=models.make, loss_fn=f"{PKG}.models:not_a_function", batch_fn=models.batches)
 
 
@@ -181,7 +181,7 @@ FAILURES = {
                    "a name in it), e.g. mypkg.models:make_model"),
     "loss not a function": (["--model", f"{SPEC}:make", "--loss-fn", f"{SPEC}:not_a_function",
                              "--batch-fn", f"{SPEC}:batches"],
-                            f"--loss-fn {SPEC}:not_a_function: is a int, not a function"),
+                            f"--loss-fn {SPEC}:not_a_function: is an int, not a function"),
     "batch_fn missing": (["--model", f"{SPEC}:make", "--loss-fn", f"{SPEC}:loss", "--batch-fn", f"{SPEC}:batchs"],
                          f"--batch-fn {SPEC}:batchs: {SPEC} has no attribute 'batchs' (its functions and classes: "
                          f"PlainLM, hf_config, lm_loss, token_pairs, make, loss, batches, make_hf)"),

@@ -51,7 +51,7 @@ def imported(spec: str, what: str) -> Any:
     for depth, attr in enumerate(attrs.split(".")):
         if not hasattr(value, attr):
             owner = module_name if depth == 0 else f"{module_name}:{'.'.join(attrs.split('.')[:depth])}"
-            has = [n for n, v in vars(value).items() if not n.startswith("_") and callable(v)][:8]
+            has = [n for n, v in getattr(value, "__dict__", {}).items() if not n.startswith("_") and callable(v)][:8]
             listed = f" (its functions and classes: {', '.join(has)})" if has else ""
             raise ConfigError(f"{what} {spec}: {owner} has no attribute {attr!r}{listed}")
         value = getattr(value, attr)
@@ -62,7 +62,7 @@ def imported_function(spec: str, what: str) -> Any:
     """A function (any callable) named by `spec`: a loss_fn or batch_fn."""
     value = imported(spec, what)
     if not callable(value):
-        raise ConfigError(f"{what} {spec}: is a {type(value).__name__}, not a function")
+        raise ConfigError(f"{what} {spec}: is {_a(value)}, not a function")
     return value
 
 
@@ -74,7 +74,7 @@ def imported_model(spec: str, what: str) -> Any:
     if isinstance(value, torch.nn.Module):
         return value
     if not callable(value):
-        raise ConfigError(f"{what} {spec}: is a {type(value).__name__}, not an nn.Module or a function returning one")
+        raise ConfigError(f"{what} {spec}: is {_a(value)}, not an nn.Module or a function returning one")
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             built = value()
@@ -98,6 +98,12 @@ def _current_directory_on_path() -> None:
 
 def _real(path: str) -> str:
     return os.path.realpath(path) if path else os.path.realpath(os.getcwd())
+
+
+def _a(value: Any) -> str:
+    """'an int', 'a dict': the type of `value` with its article."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _said(exc: BaseException) -> str:
