@@ -23,19 +23,20 @@ DECLARED_IN_CLI = {
     "RunConfig.toggles": (("--toggle",), "NAME[=MODE], one toggle per flag, repeatable; each command says which "
                                          "toggles it takes"),
     "GenerateConfig.toggles": (("--toggle",), "as RunConfig.toggles"),
-    "RunConfig.model": (("--hf-model",), "the field takes a Python object; the flag names a Hugging Face family "
-                                         "built offline in --preset's shape"),
+    "RunConfig.model": (("--hf-model", "--model"), "the field takes a Python object; --hf-model names a Hugging Face "
+                        "family built offline in --preset's shape, --model your package's factory (pkg.module:name)"),
+    "RunConfig.batch_fn": (("--batch-fn",), "a function of your package, named pkg.module:name and imported"),
+    "RunConfig.loss_fn": (("--loss-fn",), "a function of your package, named pkg.module:name and imported"),
     "GenerateConfig.model": (("--model", "--hf-model"), "the field takes a name or a Python object; --model takes "
-                             "a name (unset: --preset chooses in the ladders), --hf-model a Hugging Face family"),
+                             "a name (unset: --preset chooses in the ladders) or your package's factory "
+                             "(pkg.module:name), --hf-model a Hugging Face family"),
     "GenerateConfig.prompts": (("--prompt",), "one prompt per flag, repeatable: a batch of prompts"),
 }
 
 # Fields that have no flag, and flags (or whole commands) that set no field: each with why
 NO_COUNTERPART = {
-    "RunConfig.batch_fn": "a Python function (with your own model, from Python)",
     "RunConfig.dataset": "a Python object, a torch or Hugging Face Dataset",
     "RunConfig.collate_fn": "a Python function, the DataLoader's",
-    "RunConfig.loss_fn": "a Python function (with your own model, from Python)",
     "RunConfig.tokens_per_sample": "counts the tokens of your own model's samples; the command line's models (the "
                                    "built-in GPT, --hf-model) count their own",
     "RunConfig.adapter_targets": "layer names of your own model's code, a list: set from Python with the model",

@@ -14,8 +14,10 @@ import threading
 from ..comparison.repeats import check_repeats
 from ..errors import ConfigError
 from ..files import STDOUT, check_writable, save_text
+from ..hf.family_of import model_adapter
 from ..launch import commands as launch_commands
 from ..measure.load import in_launched_rank
+from ..models.import_spec import imported_function, imported_model
 from ..toggles import TOGGLES
 from ..training.config import PRESET_NAMES, RunConfig
 from ..training.ladder import LADDERS, TABLE_THROUGHPUT
@@ -73,14 +75,19 @@ def _generate_config(args, toggles, ladder: bool = False):
             raise ConfigError(f"scalekit {what}: {', '.join(unused)} set how training is measured; generation "
                               f"takes --prompt, --model, --hf-model, --preset (as the model), --batch-size (copies "
                               f"of the prompt), {', '.join(takes)}")
-        model = _hf_model(args) or args.model or ("shakespeare-char" if args.preset == "auto" else args.preset)
+        own = [f"--{n.replace('_', '-')}" for n in ("loss_fn", "batch_fn") if getattr(args, n) is not None]
+        if own:
+            raise ConfigError(f"scalekit {'tune --generate' if getattr(args, 'generate', False) else 'ladder inference'}"
+                              f": {', '.join(own)} train your model; generation takes --model alone")
+        model = _own_model(args) or _hf_model(args) or args.model or \
+            ("shakespeare-char" if args.preset == "auto" else args.preset)
         _check_generation_flags(args, model)
         prompts = args.prompts or ["ROMEO:"] * (args.batch_size or 1)
         given = given_fields(args, GenerateConfig, (*shared, *LADDER_GENERATE_FIELDS))
         return GenerateConfig(model=model, prompts=prompts, toggles=toggles, **given)
     if args.hf_model is not None:
         args.preset = args.model if args.model in PRESET_NAMES else "auto"
-    model = _hf_model(args) or args.model or "shakespeare-char"
+    model = _own_model(args) or _hf_model(args) or args.model or "shakespeare-char"
     prompts = args.prompts or ["ROMEO:"]
     return GenerateConfig(model=model, prompts=prompts, toggles=toggles, **given_fields(args, GenerateConfig))
 
@@ -99,7 +106,33 @@ def _check_generation_flags(args, model: str) -> None:
 
 
 def _config(args, toggles) -> RunConfig:
-    return RunConfig(toggles=toggles, model=_hf_model(args), **given_fields(args, RunConfig))
+    own, functions = _own_model(args), _own_functions(args)
+    if own is not None and model_adapter(own) is None and len(functions) < 2:  # a plain nn.Module: said by flag
+        missing = " and ".join(f"--{n.replace('_', '-')}" for n in ("loss_fn", "batch_fn") if n not in functions)
+        raise ConfigError(f"--model {args.model} builds your own nn.Module, which trains with {missing} too "
+                          f"(package.module:name); a Transformers model needs neither")
+    return RunConfig(toggles=toggles, model=own or _hf_model(args), **functions, **given_fields(args, RunConfig))
+
+
+# -- --model, --loss-fn, --batch-fn: code of your own, named package.module:name (scalekit.models.import_spec) --
+GENERATION_NAMES = ("ladder", "tune", "generate")  # where --model also takes a generation model's name
+
+
+def _own_model(args):
+    """--model package.module:factory: your package's model (a name without a colon is generation's, where the
+    command generates: --model tiny)."""
+    spec = getattr(args, "model", None)
+    if spec is None or (":" not in spec and args.command in GENERATION_NAMES):
+        return None
+    if args.hf_model is not None:
+        raise ConfigError(f"--model {spec} and --hf-model {args.hf_model} both name the model: give one")
+    return imported_model(spec, "--model")
+
+
+def _own_functions(args) -> dict:
+    """--loss-fn and --batch-fn: {"loss_fn": ..., "batch_fn": ...} of those given, imported."""
+    return {name: imported_function(getattr(args, name), f"--{name.replace('_', '-')}")
+            for name in ("loss_fn", "batch_fn") if getattr(args, name, None) is not None}
 
 
 def _hf_model(args):
@@ -346,10 +379,10 @@ def cmd_toggles(args, stop) -> int:
     from ..machine.hardware import detect
     from ..toggles import ORDER
 
-    if args.hf_model is not None:
+    if args.hf_model is not None or args.model is not None:
         from ..comparison.applicable import applicable
 
-        print(applicable(_hf_model(args), device=args.device))
+        print(applicable(_own_model(args) or _hf_model(args), device=args.device))
         return 0
     hw = detect()  # this machine, as a run with device "auto" sees it
     if args.name is not None:

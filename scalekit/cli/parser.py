@@ -19,12 +19,29 @@ def _toggle_arg(text: str) -> tuple[str, object]:
     return name, (value if value else True)
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
-    """Every RunConfig field's flag (scalekit.cli.fields derives them), and --hf-model for its model."""
+def _run_options(p: argparse.ArgumentParser, generation: bool = False) -> None:
+    """Every RunConfig field's flag (scalekit.cli.fields derives them), --hf-model for its model, and --model,
+    --loss-fn, --batch-fn for code of your own.  generation: the command also generates (ladder inference, tune
+    --generate), where --model also takes a generation model's name."""
     add_field_flags(p, RunConfig)
     _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline in the preset's shape, or PATH: a "
                         "checkpoint folder (config.json, model.safetensors) loaded offline, instead of scalekit's GPT "
                         "(needs transformers)")
+    names = "; a generation model's name (ladder inference, tune --generate): shakespeare-char or a preset" \
+        if generation else ""
+    _own_model_option(p, names)
+    p.add_argument("--loss-fn", default=None, metavar="PKG.MODULE:FN",
+                   help="with --model: your loss_fn(model, batch) -> a scalar loss (a Transformers model: its own)")
+    p.add_argument("--batch-fn", default=None, metavar="PKG.MODULE:FN",
+                   help="with --model: your batch_fn(batch_size, device) -> a batch for the loss (a Transformers "
+                        "model: the shipped corpus)")
+
+
+def _own_model_option(p: argparse.ArgumentParser, also: str) -> None:
+    p.add_argument("--model", default=None, metavar="PKG.MODULE:FACTORY",
+                   help=f"your own model: a function (or class) in your package returning an nn.Module, imported as "
+                        f"`python -m` finds modules (the current directory first); a Transformers model it returns "
+                        f"runs as one{also}")
 
 
 def _hf_model_option(p: argparse.ArgumentParser, help: str) -> None:  # noqa: A002 - argparse's own word
@@ -41,11 +58,12 @@ def _generate_options(p: argparse.ArgumentParser, ladder: bool = False) -> None:
     what = "inference ladder: " if ladder else ""
     p.add_argument("--prompt", action="append", default=None, metavar="TEXT", dest="prompts",
                    help=f"{what}a prompt (repeatable: a batch of prompts; default 'ROMEO:')")
-    p.add_argument("--model", default=None, help=f"{what}shakespeare-char (the shipped model, default) or a preset "
-                                                 f"name for random weights")
-    if ladder:
+    if ladder:  # --model is the run options' (a name, or your package's model)
         add_field_flags(p, GenerateConfig, LADDER_GENERATE_FIELDS, help_prefix=what)
         return
+    p.add_argument("--model", default=None, help="shakespeare-char (the shipped model, default), a preset name for "
+                                                 "random weights, or your own model: package.module:factory, a "
+                                                 "function in your package returning an nn.Module")
     _hf_model_option(p, "a Hugging Face model (gpt2 or llama) built offline with random weights in the shape of "
                         "--model's preset (default: this machine's), or PATH: a checkpoint folder loaded offline, its "
                         "prompts read with the folder's tokenizer, instead of scalekit's GPT (needs transformers)")
@@ -83,6 +101,7 @@ def _parser(toggle_names: tuple[str, ...], ladder_kinds: tuple[str, ...]) -> arg
     tog.add_argument("--hf-model", default=None, metavar="FAMILY|PATH",
                      help="what applies to a Hugging Face model (gpt2 or llama, built offline, or PATH: a checkpoint "
                           "folder): every toggle for training and generation, with the reason")
+    _own_model_option(tog, ": what applies to it")
     tog.add_argument("--preset", default="auto", help="with --hf-model: the shape it is built in (default: auto)")
     tog.add_argument("--device", default="auto", help="with --hf-model: the device asked about (auto, cpu, cuda)")
     return p
@@ -103,7 +122,7 @@ def _measure_commands(sub) -> None:
     lad.add_argument("kind", nargs="?", default="train", choices=list(LADDERS),
                      help="which ladder: train (the model's optimizations, the default), data (chapter 05's), "
                           "finetune (chapter 09's) or inference (chapter 06's)")
-    _run_options(lad)
+    _run_options(lad, generation=True)
     lad.add_argument("--json", metavar="PATH", help="write every run's full result as JSON")
     lad.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
                      help=f"measure every row N times, the order alternating, so each speed-up's interval covers the "
@@ -143,7 +162,7 @@ def _generate_command(sub) -> None:
 
 def _tune_command(sub) -> None:
     tune = sub.add_parser("tune", help="search for the fastest configuration within a memory budget (autotune)")
-    _run_options(tune)
+    _run_options(tune, generation=True)
     _toggle_option(tune, "toggles to try first, as one candidate against the baseline (kept only if faster; "
                          "each switched off again once the rest is settled)")
     tune.add_argument("--budget-mb", type=float, default=None, help="peak-memory budget in MiB (default: none)")

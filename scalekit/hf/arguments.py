@@ -29,7 +29,8 @@ import torch
 from ..checks import BATCH_SIZE_RANGE, LR_RANGE, SEED_RANGE, check_bool, int_in, real_in
 from ..distributed.sharding import mesh_shape
 from ..errors import ConfigError
-from ..models.blocks import is_own_model
+from ..models.blocks import from_transformers, is_own_model
+from ..models.conventions import built_class
 from ..optional import quiet_import
 from ..toggles import ORDER, TOGGLES, mesh_dims, needs_process_group, plan_facts
 from ..toggles.base import Spelling
@@ -143,10 +144,16 @@ def own_module(cfg: Any) -> str | None:
     """The name of `cfg`'s model when it is your own nn.Module rather than a Transformers model (None otherwise): its
     exported code trains that model with your loss_fn, and carries no toggle spelled for Transformers models."""
     model = getattr(cfg, "model", None)
-    if not is_own_model(model):
-        return None
+    if not is_own_model(model) or (not isinstance(model, torch.nn.Module) and from_transformers_class(model)):
+        return None  # a function returning a Transformers model is one: the code builds it from `config`
     name = getattr(model, "__name__", None) or type(model).__name__
     return name if name.isidentifier() else "model"  # a lambda's "<lambda>" names nothing
+
+
+def from_transformers_class(factory: Any) -> bool:
+    """`factory` (RunConfig.model given as a function) builds a Transformers model (read on the meta device, once)."""
+    cls = built_class(factory)
+    return cls is not None and from_transformers(cls)
 
 
 def assemble(cfg: Any, target: str, here: bool = False) -> tuple[Spelling, list[str]]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..models.conventions import BUILTIN, ScalekitCacheLM, module_family
+import torch
+
+from ..models.conventions import BUILTIN, ScalekitCacheLM, built_class, module_family
 from ..models.family import ModelAdapter
 from ..models.gpt import GPT
 from .model import HFCausalLM, is_hf_config, is_hf_model
@@ -19,9 +21,18 @@ def model_adapter(model: Any) -> ModelAdapter | None:
     """The adapter for RunConfig.model, or None (a plain nn.Module, a function returning one, or no model)."""
     if isinstance(model, ModelAdapter):
         return model
-    if is_hf_model(model):
+    if is_hf_model(model) or builds_hf_model(model):  # a Transformers model, or a function returning one
         return HFCausalLM(model)
     return None
+
+
+def builds_hf_model(source: Any) -> bool:
+    """`source` is a function (or class) that returns a Transformers model, read by building it on the meta device
+    (RunConfig(model=lambda: AutoModelForCausalLM.from_config(config)), a factory named by --model)."""
+    if source is None or isinstance(source, (torch.nn.Module, str)) or not callable(source):
+        return False
+    cls = built_class(source)
+    return cls is not None and is_hf_model_class(cls)
 
 
 def toggle_family(model: Any) -> ModelAdapter:
@@ -45,10 +56,9 @@ def generation_family(model: Any) -> ModelAdapter:
         return BUILTIN
     if isinstance(model, GPT):  # a built-in GPT you made: its own context and vocabulary
         return ScalekitCacheLM(model)
-    family = module_family(model)
-    if family.cls is not None and is_hf_model_class(family.cls):
+    if builds_hf_model(model):
         return HFCausalLM(model)  # a function that builds a Hugging Face model
-    return family
+    return module_family(model)
 
 
 def is_hf_model_class(cls: type) -> bool:

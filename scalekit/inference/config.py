@@ -16,6 +16,7 @@ from ..data import CharTokenizer, corpus_text, split_text
 from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..hf.checkpoint_folder import HFCheckpoint, checkpoint_model, tokenizer_problem
 from ..hf.family_of import generation_family, is_hf_source
+from ..models.import_spec import import_named_code
 from ..models.presets import PRESETS
 from ..models.pretrained import PRETRAINED_NAMES
 from ..toggles import TOGGLES, check_combination, normalise
@@ -142,6 +143,7 @@ class GenerateConfig:
             raise ConfigError("GenerateConfig.tokenizer must have encode(text) -> ids and decode(ids) -> text")
 
     def _validate_model(self) -> None:
+        import_named_code(self, ("model",))  # "mypkg.models:make": what it names
         if isinstance(self.model, str):
             if self.model not in MODEL_NAMES:
                 raise ConfigError(f"GenerateConfig.model: unknown model {self.model!r}; allowed: "

@@ -17,8 +17,10 @@ verification) finds out from one short forward and says so in one line (scalekit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -173,7 +175,7 @@ class SetupCachesLM(OwnModel):
 
 def module_family(source: Any) -> OwnModel:
     """The convention a model of your own follows (read from its class), as its generation family."""
-    cls = type(source) if isinstance(source, torch.nn.Module) else _built_class(source)
+    cls = type(source) if isinstance(source, torch.nn.Module) else built_class(source)
     if cls is None:
         return OwnModel(source)
     if callable(getattr(cls, "setup_caches", None)):
@@ -184,15 +186,26 @@ def module_family(source: Any) -> OwnModel:
     return OwnModel(source, cls)
 
 
-def _built_class(factory) -> type | None:
-    """The class a function builds, read by building it once on the meta device (no memory, no init)."""
+def built_class(factory) -> type | None:
+    """The class a function builds, read by building it once on the meta device (no memory, no init), the global
+    random state left as it was; read once per function (configs and families ask again as a run is made)."""
     try:
-        with torch.device("meta"):
+        return _BUILT_CLASSES[factory]
+    except (KeyError, TypeError):  # not read yet, or a callable that cannot be a weak key: read now
+        pass
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
             built = factory()
     except Exception:  # a factory that cannot run on meta tensors: its convention is found when it is built
-        return None
+        built = None
     # a function that returns no module: the build refuses it, naming GenerateConfig.model
-    return type(built) if isinstance(built, torch.nn.Module) else None
+    cls = type(built) if isinstance(built, torch.nn.Module) else None
+    with contextlib.suppress(TypeError):
+        _BUILT_CLASSES[factory] = cls
+    return cls
+
+
+_BUILT_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # factory -> the class it builds (or None)
 
 
 BUILTIN = ScalekitCacheLM(None)  # the built-in GPT in generation (scalekit builds it from its GPTConfig)

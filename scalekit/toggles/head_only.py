@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ToggleUnavailable
-from ..models.blocks import find_blocks
+from ..models.blocks import find_blocks, own_model_on_meta
 from .base import BuildContext, Spelling, Toggle
 
 
@@ -38,9 +38,10 @@ class HeadOnly(Toggle):
         return True
 
     # Framework spellings: Trainer arguments, accelerate, Lightning
-    spelled_for_transformers_models = True
-
     def spelling(self, target, value, cfg) -> Spelling:
+        own, why = own_model_on_meta(getattr(cfg, "model", None))
+        if own is not None or why:
+            return own_model_spelling(own, why)
         # a copy of the output layer, not shared with the frozen input embedding (GPT-2 ties them)
         return Spelling(imports=("import copy",), model=(
             "for p in model.parameters():  # head_only: the body frozen, a fresh copy of the output layer trains",
@@ -74,6 +75,27 @@ def new_head(old: torch.nn.Linear) -> torch.nn.Linear:
         if old.bias is not None:
             head.bias.copy_(old.bias)
     return head
+
+
+def own_model_spelling(model: torch.nn.Module | None, why: str) -> Spelling:
+    """head_only written for your own nn.Module (`model`, built on the meta device; None and `why` when it could not
+    be): every parameter frozen, and the output layer scalekit picks (output_layer) replaced by a trained copy."""
+    if model is None:
+        return Spelling(missing=f"{why}, to find its output layer: freeze all but a copy of it by hand")
+    try:
+        name, _ = output_layer(model)
+    except ToggleUnavailable as exc:
+        return Spelling(missing=str(exc))
+    parent, _, attr = name.rpartition(".")
+    if not parent and attr.isidentifier():
+        swap = f"model.{attr} = copy.deepcopy(model.{attr}).requires_grad_(True)"
+    else:
+        owner = f"model.get_submodule({parent!r})" if parent else "model"
+        swap = f"setattr({owner}, {attr!r}, copy.deepcopy(model.get_submodule({name!r})).requires_grad_(True))"
+    return Spelling(imports=("import copy",), model=(
+        f"for p in model.parameters():  # head_only: the body frozen, a fresh copy of the output layer ({name}) trains",
+        "    p.requires_grad_(False)",
+        swap))
 
 
 TOGGLE = HeadOnly()

@@ -7,7 +7,8 @@ import warnings
 
 import torch
 
-from ..models.blocks import is_conv1d
+from ..errors import ToggleUnavailable
+from ..models.blocks import is_conv1d, own_model_on_meta
 from ..models.lora import adapter_targets
 from ..models.quantization import as_linear, bnb_linear
 from .base import BuildContext, Spelling, Toggle
@@ -59,9 +60,10 @@ class QuantizedBase(Toggle):
         facts.quantized_base = value
 
     # Framework spellings: Trainer arguments, accelerate, Lightning
-    spelled_for_transformers_models = True
-
     def spelling(self, target, mode: str, cfg) -> Spelling:
+        own, why = own_model_on_meta(getattr(cfg, "model", None))
+        if own is not None or why:
+            return own_model_spelling(mode, own, why, cfg)
         bnb = "load_in_8bit=True" if mode == "int8" else f'load_in_4bit=True, bnb_4bit_quant_type="{mode}"'
         # Transformers quantizes weights as it loads them: from your checkpoint, or (here) a copy of the model built
         return Spelling(imports=("from transformers import BitsAndBytesConfig",), model=(
@@ -100,6 +102,39 @@ def loaded_targets(ctx: BuildContext) -> int:
             layer.support_avx512bf16_for_cpu = False
         replaced += 4 * layer.in_features * layer.out_features
     return replaced
+
+
+def own_model_spelling(mode: str, model: torch.nn.Module | None, why: str, cfg) -> Spelling:
+    """quantized_base written for your own nn.Module (`model`, built on the meta device; None and `why` when it could
+    not be): the layers scalekit quantizes (the adapters' targets) swapped for bitsandbytes layers holding their
+    weights in `mode`, as quantize_targets swaps them, and the model marked quantized so that peft's LoRA takes them."""
+    if model is None:
+        return Spelling(missing=f"{why}, to find the layers to quantize: swap them for bitsandbytes layers by hand")
+    try:
+        names = adapter_targets(model, cfg.adapter_targets)
+    except ToggleUnavailable as exc:
+        return Spelling(missing=str(exc))
+    if not all(isinstance(model.get_submodule(n), torch.nn.Linear) for n in names):
+        return Spelling(missing="the layers to quantize are not all nn.Linear (transformers' Conv1D stores its weight "
+                                "transposed): swap them for bitsandbytes layers by hand")
+    if mode == "int8":  # LLM.int8() with its outlier split off (threshold 0): every column quantized
+        layer = ("    new = bnb.nn.Linear8bitLt(old.in_features, old.out_features, bias=old.bias is not None, "
+                 "has_fp16_weights=False, threshold=0.0, device=\"meta\")",
+                 "    new.weight = bnb.nn.Int8Params(old.weight.data, requires_grad=False, has_fp16_weights=False)")
+    else:
+        layer = (f"    new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None, "
+                 f"quant_type={mode!r}, device=\"meta\")",  # computes in its input's dtype (fp32, bf16)
+                 f"    new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, quant_type={mode!r}, "
+                 f"blocksize=64, compress_statistics=True)")
+    return Spelling(imports=("import bitsandbytes as bnb", "import torch"), model=(
+        f"for name in {names!r}:  # quantized_base={mode}: the frozen base's layers in bitsandbytes' {mode}",
+        "    old = model.get_submodule(name)", *layer,
+        "    if old.bias is not None:",
+        "        new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)",
+        "    parent, _, attr = name.rpartition(\".\")",
+        "    setattr(model.get_submodule(parent), attr, new.to(old.weight.device))  # quantized as it is moved",
+        f"model.is_loaded_in_4bit, model.is_loaded_in_8bit = {mode != 'int8'}, {mode == 'int8'}  "
+        f"# peft puts its bitsandbytes LoRA layers on them"))
 
 
 TOGGLE = QuantizedBase()

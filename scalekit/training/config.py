@@ -29,6 +29,7 @@ from ..errors import ConfigError, ToggleUnavailable, toggle_why
 from ..hf.checkpoint_folder import checkpoint_model
 from ..hf.family_of import model_adapter, toggle_family
 from ..hf.tokenizer_of import no_tokenizer
+from ..models.import_spec import import_named_code
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
 from ..toggles import TOGGLES, check_combination, mesh_dims, normalise
 
@@ -193,6 +194,7 @@ class RunConfig:
                               f"windows of its tokens end to end)")
 
     def _validate_model(self) -> None:
+        import_named_code(self, ("model", "batch_fn", "loss_fn"))  # "mypkg.models:make": what it names
         self.model = checkpoint_model(self.model, "RunConfig.model")  # a checkpoint folder's path: its family
         adapter = model_adapter(self.model)  # a model family's defaults and switches (Hugging Face), or None
         self._validate_dataset()

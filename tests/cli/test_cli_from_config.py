@@ -239,6 +239,7 @@ def test_an_error_names_the_flag_of_each_field_it_names():
     from scalekit.cli.parser import flag_names
 
     assert flag_names("RunConfig.warmup_steps must be ...").endswith("(flag: --warmup-steps)")
-    assert flag_names("RunConfig.check_memory and RunConfig.model").endswith("(flag: --no-memory-check, --hf-model)")
+    assert flag_names("RunConfig.check_memory and RunConfig.model").endswith("(flag: --no-memory-check, --hf-model, --model)")
     assert flag_names("GenerateConfig.quality_windows ...").endswith("(flag: --quality-windows)")
-    assert flag_names("RunConfig.loss_fn must be a function") == "RunConfig.loss_fn must be a function"
+    assert flag_names("RunConfig.loss_fn must be a function") == "RunConfig.loss_fn must be a function (flag: --loss-fn)"
+    assert flag_names("RunConfig.tokens_per_sample ...") == "RunConfig.tokens_per_sample ..."  # a field without a flag

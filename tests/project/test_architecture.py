@@ -120,7 +120,8 @@ LAYERS = (
     # the modules loose at the top, and the leaves of other jobs: each imports nothing of scalekit above these
     ("foundations", ("scalekit.errors", "scalekit.optional", "scalekit.files", "scalekit.checks",
                      "scalekit.course.published_figures", "scalekit.comparison.repeats",
-                     "scalekit.cli.fields")),  # flags from any dataclass's fields
+                     "scalekit.cli.fields",  # flags from any dataclass's fields
+                     "scalekit.models.import_spec")),  # code of your own named package.module:name, imported
     ("machine", ("scalekit.machine", "scalekit.distributed.sharding")),  # facts of this machine; meshes, FSDP2 options
     ("measure", ("scalekit.measure", "scalekit.training.results",
                  "scalekit.training.report")),  # timing, memory, FLOPs and MFU, results and their tables
