@@ -223,10 +223,21 @@ def builds_a_generation(args) -> bool:
         (args.command == "tune" and args.generate)
 
 
+@pytest.fixture(scope="module")
+def docs_checkpoint(tmp_path_factory):
+    """The docs' ./my-model: a checkpoint folder as save_pretrained writes one (written once, where a line needs it)."""
+    from tests.own_files import save_checkpoint
+
+    return save_checkpoint("gpt2", tmp_path_factory.mktemp("docs") / "my-model")
+
+
 @pytest.mark.parametrize("line", documented_commands())
-def test_a_documented_command_still_parses_and_builds_its_config(line, tmp_path):
-    data_file = write_texts(tmp_path, ["A line of text."], "jsonl", field="body")  # the docs' train.jsonl
-    args = parser().parse_args([str(data_file) if w == "train.jsonl" else w for w in shlex.split(line)])
+def test_a_documented_command_still_parses_and_builds_its_config(line, tmp_path, request):
+    files = {"train.jsonl": write_texts(tmp_path / "a", ["A line of text."], "jsonl", field="body"),
+             "plays.jsonl": write_texts(tmp_path / "b", ["A line of text."], "jsonl")}  # the docs' data files
+    if "./my-model" in shlex.split(line):
+        files["./my-model"] = request.getfixturevalue("docs_checkpoint")
+    args = parser().parse_args([str(files.get(w, w)) for w in shlex.split(line)])
     toggles = cli._toggles(args) if hasattr(args, "toggle") else {}
     if builds_a_generation(args):
         cfg = cli._generate_config(args, toggles, ladder=args.command != "generate")
