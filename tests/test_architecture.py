@@ -134,6 +134,7 @@ LAYERS = (
     ("generation", ("scalekit.inference",)),
     ("training", ("scalekit.training.build", "scalekit.training.evaluation")),
     ("plan", ("scalekit.plan",)),
+    ("predict", ("scalekit.predict",)),  # beyond the ranks in hand: parts, the cost model, calibrate, predict
     ("engine", ("scalekit.training.engine",)),
     # what is built on runs: training's studies and ladder, comparison, the search, the course, the doctor
     ("runs", ("scalekit.training", "scalekit.comparison", "scalekit.autotune", "scalekit.course",
