@@ -136,9 +136,10 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     shape = shape_of(model)
     part = cluster.part
     eff = efficiency or part.efficiency or cost.PUBLISHED
-    seq = seq_len or getattr(model, "seq_len", None) or 1024
+    preset = _preset_defaults(model, shape)
+    seq = seq_len or getattr(model, "seq_len", None) or (preset.block_size if preset else 1024)
     layout = layout_of(toggles, cluster.count, shape, "fp32" if part.name == "this-cpu" else "bf16")
-    batch = batch_size or getattr(model, "batch_size", None) or layout.dp
+    batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
     rows_per_micro = _rows(batch, layout)
     assumptions: list[str] = []
     memory, method, saved = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
@@ -167,6 +168,13 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     if strict and not fits:
         raise ConfigError(pred.verdict())
     return pred
+
+
+def _preset_defaults(model, shape):
+    """The built-in preset a name stands for (its default batch and context), else None."""
+    from ..models.presets import PRESETS
+
+    return PRESETS.get(model) if isinstance(model, str) and shape.source.startswith("scalekit") else None
 
 
 def _rows(batch: int, lay: cost.Layout) -> int:
