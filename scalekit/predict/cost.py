@@ -126,8 +126,10 @@ def step_collectives(shape, lay: Layout, micro_batch_rows: int, seq: int) -> lis
                                   "broadcast", shape.buffer_bytes * forwards, forwards, lay.dp,
                                   overlap_rule="EXPOSED"))
         if lay.sharding == "zero1":
+            # ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
+            tensors = (len(shape.root) + shape.n_layer * len(shape.block)) // (lay.tp * lay.pp)
             out.append(Collective("updated weights from each rank's optimizer shard (ZeRO-1)", "broadcast",
-                                  4 * trainable, 1, lay.dp, overlap_rule="EXPOSED"))
+                                  4 * trainable, tensors, lay.dp, overlap_rule="EXPOSED"))
     if lay.dp > 1 and lay.sharding in ("fsdp", "zero2"):
         gathered = unit_bytes(shape, lay.dp, param_bytes, lay.tp, lay.pp)
         out.append(Collective("weights all-gather in forward (FSDP, per unit)", "all_gather", sum(gathered) * forwards,

@@ -84,7 +84,7 @@ def _toggles(toggles) -> dict:
     return out
 
 
-def layout_of(toggles: dict, world: int, shape: ModelShape, default_dtype: str) -> cost.Layout:
+def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     """The layout the toggles ask for on `world` GPUs, refused in a sentence with the numbers when the degrees do
     not divide the heads, the layers or the GPUs."""
     from ..toggles.pipeline_parallel import parse as parse_pp
@@ -110,7 +110,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape, default_dtype: str) 
     if dp > 1 and sharding == "none":
         sharding = "ddp"  # more data-parallel ranks than one need some data parallelism: DDP unless told
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
-        else default_dtype
+        else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
     ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdigit() else ckpt)
     return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles)
@@ -138,7 +138,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     eff = efficiency or part.efficiency or cost.PUBLISHED
     preset = _preset_defaults(model, shape)
     seq = seq_len or getattr(model, "seq_len", None) or (preset.block_size if preset else 1024)
-    layout = layout_of(toggles, cluster.count, shape, "fp32" if part.name == "this-cpu" else "bf16")
+    layout = layout_of(toggles, cluster.count, shape)
     batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
     rows_per_micro = _rows(batch, layout)
     assumptions: list[str] = []

@@ -1,0 +1,121 @@
+"""The bytes predict says each collective carries are the bytes the ranks send: torch.distributed's collectives
+wrapped in each rank, one training step of the built-in tiny GPT counted per kind, and held against
+scalekit.predict's collectives for the same layout, to the byte."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+
+import pytest
+import torch.distributed as dist
+
+import scalekit
+from scalekit.distributed import runtime
+from scalekit.launch import launch
+from scalekit.predict import cost, predict
+from scalekit.predict.shapes import shape_of
+from scalekit.training.build import build, train_step
+from tests.helpers import tiny
+
+# the calls a rank can make, by the kind predict names (FSDP2 calls the *_single forms)
+WRAPPED = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+           "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+           "broadcast": "broadcast", "_broadcast_coalesced": "broadcast", "send": "send_recv", "isend": "send_recv"}
+MODES = {"ddp": ["ddp"], "fsdp": ["fsdp"], "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
+         "fsdp+bf16": ["fsdp", "bf16"]}
+BATCH = 8
+
+
+# the argument holding the buffer S each call moves, as predict counts it: an all-gather's output, a
+# reduce-scatter's input, an all-reduce's, a broadcast's or a send's tensor
+BUFFER = {"all_gather_into_tensor": "output_tensor", "all_gather_single": "output_tensor",
+          "reduce_scatter_tensor": "input", "reduce_scatter_single": "input", "all_reduce": "tensor",
+          "broadcast": "tensor", "send": "tensor", "isend": "tensor"}
+
+
+def _nbytes(name, fn, args, kwargs) -> int:
+    if name == "_broadcast_coalesced":  # (process_group, tensors, buffer_size, src), a C++ function: its tensors
+        return sum(t.numel() * t.element_size() for t in args[1])
+    t = inspect.signature(fn).bind_partial(*args, **kwargs).arguments[BUFFER[name]]
+    return t.numel() * t.element_size()
+
+
+def _count_one_step(toggles) -> dict:
+    cpu = scalekit.detect("cpu")
+    cfg = tiny(batch_size=BATCH, toggles=toggles).resolve(cpu)
+    sent: Counter = Counter()
+    calls: Counter = Counter()
+    originals = {n: getattr(dist, n) for n in WRAPPED if hasattr(dist, n)}
+
+    def wrap(name, fn):
+        def counted(*args, **kwargs):
+            sent[WRAPPED[name]] += _nbytes(name, fn, args, kwargs)
+            calls[WRAPPED[name]] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    try:
+        for name, fn in originals.items():
+            setattr(dist, name, wrap(name, fn))
+        with contextlib.ExitStack() as stack:
+            runtime.setup(cpu, stack, cfg.batch_size)
+            ctx = build(cfg, cpu, stack)
+            if hasattr(ctx.model, "register_comm_hook"):  # DDP's reducer calls the process group from C++: its
+                # buckets go through dist.all_reduce by the default hook, spelled out
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+                ctx.model.register_comm_hook(None, allreduce_hook)
+            train_step(ctx, next(ctx.batches))  # the first step (DDP's bucket rebuild, the optimizer's state)
+            sent.clear()
+            calls.clear()
+            train_step(ctx, next(ctx.batches))
+            del ctx
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return {"bytes": dict(sent), "calls": dict(calls)}
+
+
+def _all_modes():
+    dist.init_process_group("gloo")
+    try:
+        return {mode: _count_one_step(toggles) for mode, toggles in MODES.items()}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n} ranks")
+def counted(request):
+    return request.param, launch(_all_modes, nprocs=request.param, timeout_s=120)
+
+
+def _predicted(toggles, ranks: int) -> dict:
+    pred = predict("tiny", f"{ranks}xH100-SXM", toggles=toggles, batch_size=BATCH)
+    out_bytes: Counter = Counter()
+    out_calls: Counter = Counter()
+    for c in pred.collectives:
+        out_bytes[c.op] += c.bytes
+        out_calls[c.op] += c.calls
+    return {"bytes": dict(out_bytes), "calls": dict(out_calls)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_predicted_bytes_per_collective_equal_what_the_ranks_send(counted, mode):
+    ranks, per_rank = counted
+    predicted = _predicted(MODES[mode], ranks)
+    for rank, measured in enumerate(per_rank):
+        assert measured[mode]["bytes"] == predicted["bytes"], (mode, rank)
+        assert measured[mode]["calls"] == predicted["calls"], (mode, rank)
+
+
+def test_fsdp_moves_its_padded_units_twice_forward_and_back_and_ddp_its_gradients_once():
+    shape = shape_of("tiny")
+    lay = cost.Layout(world=4, dp=4, sharding="fsdp")
+    colls = {c.name: c for c in cost.step_collectives(shape, lay, micro_batch_rows=2, seq=64)}
+    gathered = sum(cost.unit_bytes(shape, 4, 4))
+    assert gathered >= 4 * shape.n_params  # padding only adds
+    assert [c.bytes for c in colls.values() if c.op == "all_gather"] == [gathered, gathered]
+    ddp = cost.step_collectives(shape, cost.Layout(world=2, dp=2, sharding="ddp"), 4, 64)
+    assert ddp[0].op == "all_reduce" and ddp[0].bytes == 4 * shape.n_params
