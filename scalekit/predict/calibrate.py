@@ -4,7 +4,8 @@
 - matmul FLOP/s by size (square fp32 matmuls): the curve the cost model reads at a model's width, its best
   value taken as this part's "peak" (a CPU has no datasheet figure to hold it against);
 - copy bandwidth (a large tensor copied: bytes read + written per second);
-- per-operator overhead (a tiny add, timed over many calls);
+- per-operator overhead (a chain of tiny element-wise operators, forward and backward with autograd, over the
+  operators it dispatched);
 - all-reduce / all-gather / reduce-scatter bandwidth by message size over `ranks` gloo ranks started with
   scalekit.launch, reported as nccl-tests does ("bus bandwidth": the ring's (n−1)/n factors applied), and the
   latency α from the smallest message.
@@ -24,13 +25,21 @@ from .parts import GB, Part, register
 _MEASURED: dict[str, object] = {}
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
+WINDOW_S = 0.05  # each timing spans at least this long: as long as a small step, so that a machine shared with other
+# processes slows the microbenchmark as much as it slows the run (a 1 ms timing fits in one scheduler slice)
+
+
+def _median_time(fn, repeats: int, window_s: float = WINDOW_S) -> float:
+    """Seconds per call of `fn`: the median over `repeats` timings, each of as many calls as fill `window_s`."""
+    t0 = time.perf_counter()
+    fn()  # warm-up, and the length of one call
+    calls = max(1, int(window_s / max(time.perf_counter() - t0, 1e-9)))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 
@@ -40,8 +49,7 @@ def matmul_curve(sizes=(32, 64, 128, 256, 512), repeats: int = 5) -> tuple[tuple
     out = []
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        calls = max(1, int(2e7 // (n**3)))  # enough calls to time a small size above the clock's resolution
-        t = _median_time(lambda a=a, b=b, calls=calls: [a @ b for _ in range(calls)], repeats) / calls
+        t = _median_time(lambda a=a, b=b: a @ b, repeats)
         out.append((n, 2 * n**3 / t))
     return tuple(out)
 
@@ -55,11 +63,30 @@ def copy_bandwidth(mbytes: int = 64, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / t  # read + write
 
 
-def op_overhead(calls: int = 2000, repeats: int = 5) -> float:
+def op_overhead(chain: int = 200, repeats: int = 5) -> float:
+    """Seconds per operator of a training-like chain of tiny operators: forward and backward through `chain`
+    small element-wise steps with autograd on, divided by the operators dispatched (counted)."""
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    x = torch.ones(8)
-    return _median_time(lambda: [x.add(1.0) for _ in range(calls)], repeats) / calls
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    w = torch.ones(8, requires_grad=True)
+
+    def step():
+        x = w
+        for _ in range(chain):
+            x = torch.tanh(x * 0.5 + 0.1)
+        x.sum().backward()
+
+    with Count():
+        step()
+    return _median_time(step, repeats) / Count.n
 
 
 def _collective_rank(sizes, repeats):
@@ -79,7 +106,7 @@ def _collective_rank(sizes, repeats):
                    "reduce_scatter": lambda full=full, shard=shard: dist.reduce_scatter_tensor(shard, full)}
             for op, fn in ops.items():
                 dist.barrier()
-                t = _median_time(fn, repeats)
+                t = _median_time(fn, repeats, window_s=0.0)  # every rank must make the same calls
                 rows.append((op, elements * 4, t))
     finally:
         dist.destroy_process_group()
@@ -132,7 +159,7 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
                          "link": f"calibrate(): best bus bandwidth of gloo collectives over {ranks} ranks, "
                                  f"{link / GB:.2f} GB/s",
                          "latency_s": f"calibrate(): the smallest all-reduce per ring step, {latency * 1e6:.0f} µs",
-                         "op_overhead_s": f"calibrate(): a tiny add, {overhead * 1e6:.1f} µs per call"})
+                         "op_overhead_s": f"calibrate(): a chain of tiny operators with autograd, forward and backward, {overhead * 1e6:.1f} µs per operator dispatched"})
     limit = machine_limit(detect("cpu"))
     memory = limit.limit_bytes if limit else 0
     part = Part("this-cpu", {"fp32": best}, memory, bandwidth, "loopback (gloo, shared memory)", link,

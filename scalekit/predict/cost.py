@@ -1,13 +1,17 @@
 """The cost model of one training step per GPU: a roofline for compute and memory traffic, the α-β collectives
 each parallel mode issues (collectives.py), overlap rules stated as rules, and the pipeline bubble.
 
-    compute_s  = max(matmul FLOPs / (peak × EFFICIENCY.matmul),  bytes moved / (bandwidth × EFFICIENCY.memory))
-                 + ops × EFFICIENCY.op_overhead_s                                     (the roofline of the step)
+    compute_s  = matmul FLOPs / (peak × EFFICIENCY.matmul)                 (matmuls are compute-bound)
+                 + other ops' bytes / (bandwidth × EFFICIENCY.memory)       (everything else is memory-bound)
+                 + ops × EFFICIENCY.op_overhead_s                           (where dispatch is not hidden)
     step_s     = compute_s + Σ exposed communication + bubble
 
-The efficiency factors are few, named and in one place (`Efficiency`); each says where its value comes from.
-`PUBLISHED` holds figures from public microbenchmarks for the GPU parts; `scalekit.calibrate()` measures them on the
-machine in hand (the "this-cpu" part).  Nothing here is tuned to the runs it is checked against.
+The roofline is taken per class of operator and the classes are added (they run one after another): a matmul
+kernel's own weight and activation reads are inside its compute time; the element-wise, normalisation, softmax
+and optimizer kernels move bytes and do little arithmetic.  The efficiency factors are few, named and in one place
+(`Efficiency`); each says where its value comes from.  `PUBLISHED` holds figures from public microbenchmarks for
+the GPU parts; `scalekit.calibrate()` measures them on the machine in hand (the "this-cpu" part).  Nothing here is
+tuned to the runs it is checked against.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     traffic = _traffic_bytes(shape, layout, saved)
     memory_s = traffic / (part.memory_bandwidth * eff.memory)
     ops_s = _ops(model, toggles, shape) * layout.micro_batches * eff.op_overhead_s if eff.op_overhead_s else 0.0
-    compute_s = max(matmul_s, memory_s) + ops_s
+    compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
     cost.time_collectives(colls, cluster, eff, compute_s, layout)
     bubble = cost.bubble_fraction(layout.pp, layout.micro_batches, layout.schedule)
@@ -197,14 +197,17 @@ def _recompute_flops(shape: ModelShape, lay: cost.Layout, seq: int) -> float:
     return block * (shape.n_layer // every)
 
 
+ACTIVATION_PASSES = 5  # a saved activation: written and read in forward, read in backward, its gradient written and read
+
+
 def _traffic_bytes(shape: ModelShape, lay: cost.Layout, saved_activations: float) -> float:
-    """Bytes one GPU moves through memory in a step (the roofline's memory side): its weights read three times in
-    the compute dtype (forward, and the two backward matmuls), AdamW's update (28 bytes per parameter it holds: read
-    weight, gradient and two moments, write weight and moments), and every saved activation written once and read
-    once in backward."""
+    """Bytes one GPU's non-matmul operators move in a step (the roofline's memory side): AdamW's update, 28 bytes
+    per parameter it holds (read weight, gradient and two moments, write weight and moments), and every saved
+    activation ACTIVATION_PASSES times (eager, unfused: forward writes it and the next operator reads it, backward
+    reads it and writes and reads its gradient)."""
     params = shape.n_params / (lay.tp * lay.pp)
     held = params / lay.dp if lay.sharding in ("fsdp", "zero1", "zero2") else params
-    return 3 * params * lay.act_bytes * lay.micro_batches + 28 * held + 2 * saved_activations
+    return 28 * held + ACTIVATION_PASSES * saved_activations
 
 
 def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
@@ -282,11 +285,12 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic) -
     lay = pred.layout
     out = [f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
            f"({part.sources.get('flops', 'measured by calibrate()')})",
-           f"compute: a roofline per step, max(matmul time, memory traffic time) + per-op overhead; matmul "
+           f"compute: a roofline per class of operator, matmul time + other operators' memory traffic time + per-op "
+           f"overhead; matmul "
            f"efficiency {'read from the calibrated curve at the width ' + str(shape.d) if eff.matmul_curve else eff.matmul}"
            f" ({eff.sources.get('matmul', '')})",
-           f"memory traffic: {traffic / 1e9:.2f} GB per step per GPU (weights read 3× in the compute dtype, AdamW 28 "
-           f"B per held parameter, saved activations written and read once) at {eff.memory:.2f} of "
+           f"memory traffic: {traffic / 1e9:.2f} GB per step per GPU (AdamW 28 B per held parameter, saved "
+           f"activations {ACTIVATION_PASSES} passes: no fusion assumed) at {eff.memory:.2f} of "
            f"{part.memory_bandwidth / 1e9:,.0f} GB/s ({eff.sources.get('memory', '')})",
            f"collectives: α-β ring on the group's slowest link at {eff.link:.2f} of its bandwidth, α "
            f"{eff.latency_s * 1e6:.0f} µs ({eff.sources.get('link', '')})",
