@@ -164,7 +164,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
                       {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}, colls, bubble_s,
                       step_s, tokens_per_gpu, model_flops / step_s / peak if step_s else None, model_flops,
                       assumptions)
-    assumptions += _assumptions(pred, eff, part, shape, traffic)
+    assumptions += _assumptions(pred, eff, part, shape, traffic, toggles)
     if strict and not fits:
         raise ConfigError(pred.verdict())
     return pred
@@ -281,7 +281,17 @@ def _ops(model, toggles, shape) -> int:
     return count_step_ops(preset, tuple(sorted((k, str(v)) for k, v in local.items())))
 
 
-def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic) -> list[str]:
+# the toggles the cost model has a term for; any other is predicted as if it were off (and said so)
+MODELLED = ("fsdp", "ddp", "zero", "tensor_parallel", "pipeline_parallel", "bf16", "fp16", "tf32", "checkpointing",
+            "sdpa", "grad_accum")
+
+
+def unmodelled(toggles) -> list[str]:
+    """The toggles among `toggles` the cost model has no term for."""
+    return [t for t in _toggles(toggles) if t not in MODELLED]
+
+
+def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, toggles) -> list[str]:
     lay = pred.layout
     out = [f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
            f"({part.sources.get('flops', 'measured by calibrate()')})",
@@ -301,6 +311,9 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic) -
         out.append(f"bubble: (p−1)/(m+p−1) = {cost.bubble_fraction(lay.pp, lay.micro_batches, lay.schedule):.3f} of "
                    f"the step for {lay.schedule} with {lay.pp} stages and {lay.micro_batches} micro-batches")
     out.append("per GPU, tokens count once per tensor-parallel group and pipeline; data loading is taken as hidden")
+    if unmodelled(toggles):
+        out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
+                   f"the memory figure still comes from the planner where it is scalekit.estimate's)")
     out.append(f"per-op overhead: {eff.op_overhead_s * 1e6:.1f} µs per operator ({eff.sources.get('op_overhead_s', '')})")
     return out
 
