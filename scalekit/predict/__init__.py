@@ -9,6 +9,8 @@
     step        predict(): the whole prediction, with its assumptions
 """
 
+import sys
+
 from .calibrate import calibrate
 from .cost import PUBLISHED, Efficiency, Layout
 from .parts import PARTS, Cluster, Part, gpus, part, register
@@ -17,3 +19,13 @@ from .step import Prediction, predict, predict_decode
 
 __all__ = ["predict", "predict_decode", "calibrate", "Prediction", "Part", "PARTS", "register", "part", "gpus",
            "Cluster", "Efficiency", "PUBLISHED", "Layout", "PUBLIC", "ModelShape", "shape_of", "hf_config"]
+
+
+class _CallableModule(sys.modules[__name__].__class__):
+    """`scalekit.predict(model, gpus=...)` calls `predict`, while `scalekit.predict.<module>` stays this package."""
+
+    def __call__(self, *args, **kwargs):
+        return predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
