@@ -134,12 +134,12 @@ LAYERS = (
     ("generation", ("scalekit.inference",)),
     ("training", ("scalekit.training.build", "scalekit.training.evaluation")),
     ("plan", ("scalekit.plan",)),
-    ("predict", ("scalekit.predict",)),  # beyond the ranks in hand: parts, the cost model, calibrate, predict
     ("engine", ("scalekit.training.engine",)),
     # what is built on runs: training's studies and ladder, comparison, the search, the course, the doctor
     ("runs", ("scalekit.training", "scalekit.comparison", "scalekit.autotune", "scalekit.course",
               "scalekit.machine.doctor")),
     ("launch", ("scalekit.launch",)),
+    ("predict", ("scalekit.predict",)),  # beyond the ranks in hand (its calibrate() starts gloo ranks)
     ("interfaces", ("scalekit.cli", "scalekit.widgets")),
 )
 ROOT = "scalekit"  # the façade: it may import anything

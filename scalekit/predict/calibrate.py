@@ -29,41 +29,42 @@ WINDOW_S = 0.05  # each timing spans at least this long: as long as a small step
 # processes slows the microbenchmark as much as it slows the run (a 1 ms timing fits in one scheduler slice)
 
 
-def _median_time(fn, repeats: int, window_s: float = WINDOW_S) -> float:
-    """Seconds per call of `fn`: the median over `repeats` timings, each of as many calls as fill `window_s`."""
-    t0 = time.perf_counter()
+def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_counter) -> float:
+    """Seconds per call of `fn`: the median over `repeats` timings, each of as many calls as fill `window_s`, read
+    on `clock` (wall time; time.thread_time counts only this thread's CPU time, what other processes take left out)."""
+    t0 = clock()
     fn()  # warm-up, and the length of one call
-    calls = max(1, int(window_s / max(time.perf_counter() - t0, 1e-9)))
+    calls = max(1, int(window_s / max(clock() - t0, 1e-9)))
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(calls):
             fn()
-        times.append((time.perf_counter() - t0) / calls)
+        times.append((clock() - t0) / calls)
     return statistics.median(times)
 
 
-def matmul_curve(sizes=(32, 64, 128, 256, 512), repeats: int = 5) -> tuple[tuple[int, float], ...]:
+def matmul_curve(sizes=(32, 64, 128, 256, 512), repeats: int = 5, clock=time.perf_counter) -> tuple[tuple[int, float], ...]:
     import torch
 
     out = []
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        t = _median_time(lambda a=a, b=b: a @ b, repeats)
+        t = _median_time(lambda a=a, b=b: a @ b, repeats, clock=clock)
         out.append((n, 2 * n**3 / t))
     return tuple(out)
 
 
-def copy_bandwidth(mbytes: int = 64, repeats: int = 5) -> float:
+def copy_bandwidth(mbytes: int = 64, repeats: int = 5, clock=time.perf_counter) -> float:
     import torch
 
     src = torch.ones(mbytes * 2**20 // 4)
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), repeats)
+    t = _median_time(lambda: dst.copy_(src), repeats, clock=clock)
     return 2 * src.numel() * 4 / t  # read + write
 
 
-def op_overhead(chain: int = 200, repeats: int = 5) -> float:
+def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter) -> float:
     """Seconds per operator of a training-like chain of tiny operators: forward and backward through `chain`
     small element-wise steps with autograd on, divided by the operators dispatched (counted)."""
     import torch
@@ -86,7 +87,7 @@ def op_overhead(chain: int = 200, repeats: int = 5) -> float:
 
     with Count():
         step()
-    return _median_time(step, repeats) / Count.n
+    return _median_time(step, repeats, clock=clock) / Count.n
 
 
 def _collective_rank(sizes, repeats):
@@ -128,10 +129,13 @@ def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: i
 
 
 def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes: int = 64,
-              message_sizes=(2**12, 2**20, 2**23), repeats: int = 5, threads: int | None = None) -> Part:
+              message_sizes=(2**12, 2**20, 2**23), repeats: int = 5, threads: int | None = None,
+              clock=time.perf_counter, name: str = "this-cpu") -> Part:
     """Measure this machine and register it as the part 'this-cpu' (returned; its `efficiency` holds the factors).
     `ranks` gloo ranks measure the collectives (0 or 1: none, the link taken as the copy bandwidth).  `threads`
-    pins torch's intra-op threads while measuring (default: as they are)."""
+    pins torch's intra-op threads while measuring (default: as they are).  `clock`: time.perf_counter (wall
+    time, what a run's step time is), or time.thread_time to measure CPU time on a machine other processes share
+    (the collectives stay on wall time); `name` the part it registers."""
     import torch
 
     from ..machine.hardware import detect
@@ -141,9 +145,9 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
     if threads:
         torch.set_num_threads(threads)
     try:
-        curve = matmul_curve(matmul_sizes, repeats)
-        bandwidth = copy_bandwidth(copy_mbytes, repeats)
-        overhead = op_overhead(repeats=repeats)
+        curve = matmul_curve(matmul_sizes, repeats, clock)
+        bandwidth = copy_bandwidth(copy_mbytes, repeats, clock)
+        overhead = op_overhead(repeats=repeats, clock=clock)
     finally:
         torch.set_num_threads(before)
     colls = collective_bandwidth(ranks, message_sizes, repeats) if ranks and ranks > 1 else {}
@@ -162,7 +166,7 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
                          "op_overhead_s": f"calibrate(): a chain of tiny operators with autograd, forward and backward, {overhead * 1e6:.1f} µs per operator dispatched"})
     limit = machine_limit(detect("cpu"))
     memory = limit.limit_bytes if limit else 0
-    part = Part("this-cpu", {"fp32": best}, memory, bandwidth, "loopback (gloo, shared memory)", link,
+    part = Part(name, {"fp32": best}, memory, bandwidth, "loopback (gloo, shared memory)", link,
                 "none (one machine)", link,
                 {"flops": "calibrate(): the best fp32 matmul FLOP/s measured (a CPU has no dense-peak datasheet "
                           "figure here; MFU is against this)", "memory": "calibrate(): copy bandwidth and the "

@@ -145,29 +145,36 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     memory, method, saved = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
     model_flops = shape.train_flops_per_token(seq) * batch * seq / cluster.count  # this GPU's share of the work
     hw_flops = model_flops + _recompute_flops(shape, layout, seq) * batch * seq / cluster.count
+    compute_s, parts, colls, bubble_s = _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved,
+                                                   rows_per_micro, seq)
+    step_s = compute_s + sum(c.exposed_s for c in colls) + bubble_s
     peak = part.peak(layout.dtype)
-    matmul_s = hw_flops / eff.matmul_at(shape.d, peak)
-    traffic = _traffic_bytes(shape, layout, saved)
-    memory_s = traffic / (part.memory_bandwidth * eff.memory)
+    tokens_per_gpu = batch * seq / layout.tp / layout.pp / layout.dp / step_s if step_s else 0.0
+    # the step's tokens over every GPU (as torchtitan counts tokens/s per GPU)
+    fits = memory["peak"] <= part.memory_bytes
+    pred = Prediction(shape.name if not isinstance(model, str) else model, cluster.describe(), layout, batch, seq,
+                      memory, method, part.memory_bytes, fits, compute_s,
+                      parts, colls, bubble_s,
+                      step_s, tokens_per_gpu, model_flops / step_s / peak if step_s else None, model_flops,
+                      assumptions)
+    assumptions += _assumptions(pred, eff, part, shape, _traffic_bytes(shape, layout, saved), toggles)
+    if strict and not fits:
+        raise ConfigError(pred.verdict())
+    return pred
+
+
+def _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved, rows_per_micro, seq):
+    """(compute seconds, its parts, the collectives timed, the bubble's seconds) of one step on one GPU."""
+    part = cluster.part
+    matmul_s = hw_flops / eff.matmul_at(shape.d, part.peak(layout.dtype))
+    memory_s = _traffic_bytes(shape, layout, saved) / (part.memory_bandwidth * eff.memory)
     ops_s = _ops(model, toggles, shape) * layout.micro_batches * eff.op_overhead_s if eff.op_overhead_s else 0.0
     compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
     cost.time_collectives(colls, cluster, eff, compute_s, layout)
     bubble = cost.bubble_fraction(layout.pp, layout.micro_batches, layout.schedule)
     bubble_s = compute_s * bubble / (1 - bubble) if bubble else 0.0
-    step_s = compute_s + sum(c.exposed_s for c in colls) + bubble_s
-    tokens_per_gpu = batch * seq / layout.tp / layout.pp / layout.dp / step_s if step_s else 0.0
-    # a tensor-parallel group, and a pipeline's stages, share their tokens: per GPU they count once per group
-    fits = memory["peak"] <= part.memory_bytes
-    pred = Prediction(shape.name if not isinstance(model, str) else model, cluster.describe(), layout, batch, seq,
-                      memory, method, part.memory_bytes, fits, compute_s,
-                      {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}, colls, bubble_s,
-                      step_s, tokens_per_gpu, model_flops / step_s / peak if step_s else None, model_flops,
-                      assumptions)
-    assumptions += _assumptions(pred, eff, part, shape, traffic, toggles)
-    if strict and not fits:
-        raise ConfigError(pred.verdict())
-    return pred
+    return compute_s, {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}, colls, bubble_s
 
 
 def _preset_defaults(model, shape):
@@ -219,7 +226,7 @@ def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
         from ..plan import estimate
 
         cfg = RunConfig(preset=preset, toggles=toggles, batch_size=batch, seq_len=seq, device="cpu")
-        est = estimate(cfg, device="cpu" if part.name == "this-cpu" else "cuda",
+        est = estimate(cfg, device="cpu" if part.name.startswith("this-cpu") else "cuda",
                        world_size=lay.world if lay.world > 1 else None)
         mem = dict(params=est.params_bytes, grads=est.grads_bytes, optimizer_state=est.optimizer_state_bytes,
                    activations=est.activations_bytes, comm_buffers=0, peak=est.peak_bytes)
