@@ -108,3 +108,14 @@ def test_every_figure_comes_with_its_assumptions():
     decode = predict_decode("llama2-7b", "A100-80GB-SXM")
     assert decode["ceiling_tokens_per_s"] == pytest.approx(2039e9 / (PUBLIC["llama2-7b"].n_params * 2))
     assert decode["tokens_per_s"] < decode["ceiling_tokens_per_s"]
+
+
+def test_the_command_line_prints_the_prediction_and_refuses_in_a_sentence(capsys):
+    from scalekit.cli.main import main
+
+    assert main(["predict", "llama3-8b", "--gpus", "16xH100-SXM", "--toggle", "fsdp", "--toggle", "bf16",
+                 "--toggle", "checkpointing=selective", "--batch-size", "16", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "16× H100-SXM (2 nodes of 8)" in out and "InfiniBand" in out and "tokens/s per GPU" in out
+    assert main(["predict", "llama3-8b", "--gpus", "6xH100", "--toggle", "tensor_parallel=4"]) == 2
+    assert "= 4 does not divide 6 GPUs" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..files import STDOUT, check_writable, save_text
 from ..launch import commands as launch_commands
 from ..measure.load import in_launched_rank
+from ..predict import command as predict_command
 from ..toggles import TOGGLES
 from ..training.config import PRESET_NAMES, RunConfig
 from ..training.ladder import LADDERS, TABLE_THROUGHPUT
@@ -423,7 +424,7 @@ def cmd_tune(args, stop) -> int:
 
 COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
             "doctor": cmd_doctor, "toggles": cmd_toggles, "generate": cmd_generate,
-            "export": cmd_export}
+            "export": cmd_export, "predict": predict_command.run}
 
 
 def program() -> int:
