@@ -75,6 +75,24 @@ def _missing(row: str, ratio: float) -> str:
             "saved activations, and the host's per-op overhead taken as hidden")
 
 
+def shape_checks(names=("gpt2-124m", "llama3-8b")) -> list[str]:
+    """Each public shape's parameter count against the transformers model its config builds on the meta device
+    (offline: no hub, no weights)."""
+    import torch
+
+    from scalekit.predict.shapes import hf_config
+
+    transformers = __import__("transformers")
+    lines = []
+    for name in names:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf_config(name))
+        counted = sum(p.numel() for p in model.parameters())
+        lines.append(f"# shape {name}: {shape_of(name).n_params:,} parameters predicted, {counted:,} in transformers' "
+                     f"model built from the same config on the meta device")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -89,6 +107,7 @@ def main(argv=None) -> int:
         lines.append(f"{r['row']:<58}{r['predicted']:>11,.1f}{r['published']:>11,.1f}{r['ratio']:>7.2f}  "
                      f"±{r['band']:.0%}  {'within' if ok else 'MISS: ' + r['missing']}"
                      + (f" ({r['note']})" if r.get("note") else ""))
+    lines += shape_checks()
     lines += ["# sources:", f"#   {TITAN}", f"#   {NANOGPT}", f"#   {GPTFAST}"]
     text = "\n".join(lines)
     print(text)
