@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 import scalekit
 from scalekit.distributed import runtime
@@ -19,26 +20,26 @@ from scalekit.predict.shapes import shape_of
 from scalekit.training.build import build, train_step
 from tests.helpers import tiny
 
-# the calls a rank can make, by the kind predict names (FSDP2 calls the *_single forms)
-WRAPPED = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-           "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-           "broadcast": "broadcast", "_broadcast_coalesced": "broadcast", "send": "send_recv", "isend": "send_recv"}
+# the calls a rank can make, by module, with the kind predict names them and the argument holding the buffer S
+# each moves, as predict counts it (an all-gather's output, a reduce-scatter's input, an all-reduce's or a broadcast's
+# tensor): torch.distributed's (FSDP2 calls the *_single forms) and the functional all-reduce DTensor's tensor
+# parallelism calls.  (isend/irecv are left alone: torch's pipelining checks P2POp's function by identity.)
+WRAPPED = {
+    dist: {"all_reduce": ("all_reduce", "tensor"), "all_gather_into_tensor": ("all_gather", "output_tensor"),
+           "all_gather_single": ("all_gather", "output_tensor"), "reduce_scatter_tensor": ("reduce_scatter", "input"),
+           "reduce_scatter_single": ("reduce_scatter", "input"), "broadcast": ("broadcast", "tensor"),
+           "_broadcast_coalesced": ("broadcast", None)},
+    funcol: {"all_reduce": ("all_reduce", "self")},
+}
 MODES = {"ddp": ["ddp"], "fsdp": ["fsdp"], "zero1": {"zero": "zero1"}, "zero2": {"zero": "zero2"},
-         "fsdp+bf16": ["fsdp", "bf16"]}
+         "fsdp+bf16": ["fsdp", "bf16"], "tensor_parallel": {"tensor_parallel": 2}}
 BATCH = 8
 
 
-# the argument holding the buffer S each call moves, as predict counts it: an all-gather's output, a
-# reduce-scatter's input, an all-reduce's, a broadcast's or a send's tensor
-BUFFER = {"all_gather_into_tensor": "output_tensor", "all_gather_single": "output_tensor",
-          "reduce_scatter_tensor": "input", "reduce_scatter_single": "input", "all_reduce": "tensor",
-          "broadcast": "tensor", "send": "tensor", "isend": "tensor"}
-
-
-def _nbytes(name, fn, args, kwargs) -> int:
-    if name == "_broadcast_coalesced":  # (process_group, tensors, buffer_size, src), a C++ function: its tensors
+def _nbytes(fn, arg, args, kwargs) -> int:
+    if arg is None:  # _broadcast_coalesced(process_group, tensors, buffer_size, src), a C++ function: its tensors
         return sum(t.numel() * t.element_size() for t in args[1])
-    t = inspect.signature(fn).bind_partial(*args, **kwargs).arguments[BUFFER[name]]
+    t = inspect.signature(fn).bind_partial(*args, **kwargs).arguments[arg]
     return t.numel() * t.element_size()
 
 
@@ -47,18 +48,19 @@ def _count_one_step(toggles) -> dict:
     cfg = tiny(batch_size=BATCH, toggles=toggles).resolve(cpu)
     sent: Counter = Counter()
     calls: Counter = Counter()
-    originals = {n: getattr(dist, n) for n in WRAPPED if hasattr(dist, n)}
+    originals = [(module, name, getattr(module, name)) for module, names in WRAPPED.items() for name in names
+                 if hasattr(module, name)]
 
-    def wrap(name, fn):
+    def wrap(kind, arg, fn):
         def counted(*args, **kwargs):
-            sent[WRAPPED[name]] += _nbytes(name, fn, args, kwargs)
-            calls[WRAPPED[name]] += 1
+            sent[kind] += _nbytes(fn, arg, args, kwargs)
+            calls[kind] += 1
             return fn(*args, **kwargs)
         return counted
 
     try:
-        for name, fn in originals.items():
-            setattr(dist, name, wrap(name, fn))
+        for module, name, fn in originals:
+            setattr(module, name, wrap(*WRAPPED[module][name], fn))
         with contextlib.ExitStack() as stack:
             runtime.setup(cpu, stack, cfg.batch_size)
             ctx = build(cfg, cpu, stack)
@@ -73,8 +75,8 @@ def _count_one_step(toggles) -> dict:
             train_step(ctx, next(ctx.batches))
             del ctx
     finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+        for module, name, fn in originals:
+            setattr(module, name, fn)
     return {"bytes": dict(sent), "calls": dict(calls)}
 
 

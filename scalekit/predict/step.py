@@ -107,8 +107,6 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     if "zero" in toggles:
         sharding = str(toggles["zero"]) if toggles["zero"] is not True else "zero1"
     dp = world // (tp * pp)
-    if dp > 1 and sharding == "none":
-        sharding = "ddp"  # more data-parallel ranks than one need some data parallelism: DDP unless told
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
         else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
@@ -318,6 +316,9 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, t
         out.append(f"bubble: (p−1)/(m+p−1) = {cost.bubble_fraction(lay.pp, lay.micro_batches, lay.schedule):.3f} of "
                    f"the step for {lay.schedule} with {lay.pp} stages and {lay.micro_batches} micro-batches")
     out.append("per GPU, tokens count once per tensor-parallel group and pipeline; data loading is taken as hidden")
+    if lay.dp > 1 and lay.sharding == "none":
+        out.append(f"no data-parallel toggle: the {lay.dp} data-parallel groups split the batch but nothing "
+                   f"synchronises their gradients (as a scalekit run with these toggles does): add fsdp (or ddp)")
     if unmodelled(toggles):
         out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
                    f"the memory figure still comes from the planner where it is scalekit.estimate's)")
