@@ -152,9 +152,16 @@ def step_collectives(shape, lay: Layout, micro_batch_rows: int, seq: int) -> lis
                               "all_reduce", 4 * blocks * activation * lay.micro_batches,
                               4 * blocks * lay.micro_batches, lay.tp, overlap_rule="TP_CRITICAL"))
     if lay.pp > 1:
-        out.append(Collective("activations and their gradients between stages (pipeline send/recv)", "send_recv",
-                              2 * activation * lay.micro_batches, 2 * lay.micro_batches, 2,
-                              overlap_rule="P2P_EXPOSED"))
+        # a stage sends its output forward and the gradient of its input backward, one micro-batch at a time: a middle
+        # stage both, the first and the last one each (what each rank sends; it receives as much)
+        sends = (2 if lay.pp > 2 else 1) * lay.micro_batches
+        out.append(Collective("activations forward, their gradients backward (pipeline sends, per micro-batch)",
+                              "send_recv", sends * activation, sends, 2, overlap_rule="P2P_EXPOSED"))
+        if shape.head_tied:  # the embedding on the first stage and the head on the last: their gradients summed
+            out.append(Collective("tied embedding and head gradients, first and last stage (pipeline)", "all_reduce",
+                                  4 * shape.vocab * shape.d, 1, 2, overlap_rule="EXPOSED"))
+        out.append(Collective("the loss broadcast from the last stage (pipeline)", "broadcast", 4, 1, lay.pp,
+                              overlap_rule="EXPOSED"))
     return out
 
 
