@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from . import cost
 from .collectives import Collective
+from .parts import GPUS_PER_NODE
 from .parts import gpus as parse_gpus
 from .shapes import ModelShape, shape_of
 
@@ -231,7 +232,7 @@ def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
         assumptions.append("memory: scalekit.estimate's plan of the built-in GPT (its analytic inventory, per rank; "
                            "communication buffers are inside its activations figure)")
         saved = est.saved_activations_bytes or est.activations_bytes
-        return mem, "scalekit.estimate (" + est.method + ")", saved * batch / max(1, batch)
+        return mem, "scalekit.estimate (" + est.method + ")", saved
     return _formula_memory(shape, lay, rows, seq, assumptions)
 
 
@@ -298,7 +299,9 @@ def unmodelled(toggles) -> list[str]:
 
 def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, toggles) -> list[str]:
     lay = pred.layout
-    out = [f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
+    out = [f"GPUs: {pred.gpus}; a group of ranks within one node talks over {part.intra_link}, across nodes over "
+           f"{part.inter_link} (nodes of {GPUS_PER_NODE} unless per_node= says otherwise)",
+           f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
            f"({part.sources.get('flops', 'measured by calibrate()')})",
            f"compute: a roofline per class of operator, matmul time + other operators' memory traffic time + per-op "
            f"overhead; matmul "
