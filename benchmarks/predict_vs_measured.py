@@ -71,7 +71,7 @@ def cpu_time_ms(cfg, steps: int) -> float:
 
 def row(name: str, pred, measured: float) -> tuple[str, bool]:
     ratio = pred.step_s * 1e3 / measured
-    line = f"{name:<30}{pred.step_s * 1e3:>14.1f}{measured:>13.1f}{ratio:>11.2f}  {missing_term(pred, measured)}"
+    line = f"{name:<40}{pred.step_s * 1e3:>14.1f}{measured:>13.1f}{ratio:>11.2f}  {missing_term(pred, measured)}"
     return line, abs(ratio - 1) <= BAND
 
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
              f"torch {torch.__version__}, Python {platform.python_version()}",
              f"# command: python benchmarks/predict_vs_measured.py --steps {args.steps}",
              "# calibrate(): " + "; ".join(f"{k}: {v}" for k, v in part.efficiency.sources.items()),
-             f"{'case':<30}{'predicted ms':>14}{'measured ms':>13}{'ratio p/m':>11}  missing term (misses only)"]
+             f"{'case':<40}{'predicted ms':>14}{'measured ms':>13}{'ratio p/m':>11}  missing term (misses only)"]
     hits = 0
     for preset, toggles in CASES:
         ranks = 2 if toggles else 1
@@ -96,13 +96,13 @@ def main(argv=None) -> int:
         cfg = scalekit.RunConfig(preset=preset, toggles=toggles, steps=args.steps, warmup_steps=3, threads=1,
                                  batch_size=pred.batch_size, seq_len=pred.seq_len, device="cpu")
         result = launch_run(cfg, nprocs=2) if toggles else scalekit.run(cfg)
-        spelled = "+".join(toggles) if isinstance(toggles, list) else "+".join(f"{v}" for v in toggles.values())
+        spelled = "+".join(toggles) if isinstance(toggles, list) else "+".join(f"{k}={v}" for k, v in toggles.items())
         name = preset + (f" {spelled} ×2" if toggles else "") + " (wall)"
         line, ok = row(name, pred, result.median_step_ms)  # the median of the measured steps (over ranks: the slowest)
         hits += ok
         parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in pred.compute_parts.items())
         comm = ", ".join(f"{c.op} {c.bytes / 2**20:.2f} MiB {c.exposed_s * 1e3:.1f} ms" for c in pred.collectives)
-        lines += [line, f"{'':<30}predicted: compute {pred.compute_s * 1e3:.1f} ms ({parts})" + (f"; {comm}" if comm else "")]
+        lines += [line, f"{'':<40}predicted: compute {pred.compute_s * 1e3:.1f} ms ({parts})" + (f"; {comm}" if comm else "")]
     lines.append(f"# wall time: within ±{BAND:.0%}: {hits} of {len(CASES)}")
     cpu = calibrate(threads=1, ranks=0, clock=time.thread_time, name="this-cpu-cputime")
     lines.append("# calibrate(clock=time.thread_time): " + "; ".join(f"{k}: {v}" for k, v in cpu.efficiency.sources.items()

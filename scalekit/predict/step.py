@@ -167,7 +167,9 @@ def _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved, row
     part = cluster.part
     matmul_s = hw_flops / eff.matmul_at(shape.d, part.peak(layout.dtype))
     memory_s = _traffic_bytes(shape, layout, saved) / (part.memory_bandwidth * eff.memory)
-    ops_s = _ops(model, toggles, shape) * layout.micro_batches * eff.op_overhead_s if eff.op_overhead_s else 0.0
+    # the step's operators once per micro-batch; a pipeline rank runs only its stage's share of them
+    ops = _ops(model, toggles, shape) * layout.micro_batches / layout.pp if eff.op_overhead_s else 0
+    ops_s = ops * eff.op_overhead_s
     compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
     cost.time_collectives(colls, cluster, eff, compute_s, layout)
