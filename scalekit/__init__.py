@@ -10,6 +10,7 @@ from .inference.engine import generate
 from .inference.results import GenerateResult, compare_generations
 from .machine.hardware import detect
 from .plan import estimate
+from .predict import calibrate  # also the package: scalekit.predict(model, gpus=...)
 from .toggles import TOGGLES
 from .training.batch_finder import find_batch_size
 from .training.build import build
@@ -21,7 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
            "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch", "autotune", "generate",
-           "GenerateConfig", "GenerateResult", "compare_generations", "applicable"]
+           "GenerateConfig", "GenerateResult", "compare_generations", "applicable", "predict", "calibrate"]
 
 
 def load_ipython_extension(ipython):

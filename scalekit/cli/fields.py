@@ -57,6 +57,7 @@ NO_COUNTERPART = {
     "--export": "prints tune's winner as code",
     "scalekit launch": "starts a script in processes; builds no config (its flags are torchrun's)",
     "scalekit doctor": "reports the machine; builds no config",
+    "scalekit predict": "predicts for GPUs that are not here (scalekit.predict); builds no config",
 }
 
 

@@ -18,6 +18,7 @@ from ..hf.family_of import model_adapter
 from ..launch import commands as launch_commands
 from ..measure.load import in_launched_rank
 from ..models.import_spec import imported_function, imported_model
+from ..predict import command as predict_command
 from ..toggles import TOGGLES
 from ..training.config import PRESET_NAMES, RunConfig
 from ..training.ladder import LADDERS, TABLE_THROUGHPUT
@@ -462,7 +463,7 @@ def cmd_tune(args, stop) -> int:
 
 COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
             "doctor": cmd_doctor, "toggles": cmd_toggles, "generate": cmd_generate,
-            "export": cmd_export}
+            "export": cmd_export, "predict": predict_command.run}
 
 
 def program() -> int:

@@ -8,6 +8,7 @@ import re
 
 from ..inference.config import GenerateConfig
 from ..launch import commands as launch_commands
+from ..predict import command as predict_command
 from ..toggles import TOGGLES
 from ..training.config import RunConfig
 from ..training.ladder import LADDERS
@@ -94,6 +95,7 @@ def _parser(toggle_names: tuple[str, ...], ladder_kinds: tuple[str, ...]) -> arg
     _generate_command(sub)
     _tune_command(sub)
     launch_commands.add_parser(sub)
+    predict_command.add_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
     tog.add_argument("name", nargs="?", default=None, metavar="NAME",

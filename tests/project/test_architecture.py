@@ -141,6 +141,7 @@ LAYERS = (
     ("runs", ("scalekit.training", "scalekit.comparison", "scalekit.autotune", "scalekit.course",
               "scalekit.machine.doctor")),
     ("launch", ("scalekit.launch",)),
+    ("predict", ("scalekit.predict",)),  # beyond the ranks in hand (its calibrate() starts gloo ranks)
     ("interfaces", ("scalekit.cli", "scalekit.widgets")),
 )
 ROOT = "scalekit"  # the façade: it may import anything

@@ -1,0 +1,198 @@
+"""The cost model of one training step per GPU: a roofline for compute and memory traffic, the α-β collectives
+each parallel mode issues (collectives.py), overlap rules stated as rules, and the pipeline bubble.
+
+    compute_s  = matmul FLOPs / (peak × EFFICIENCY.matmul)                 (matmuls are compute-bound)
+                 + other ops' bytes / (bandwidth × EFFICIENCY.memory)       (everything else is memory-bound)
+                 + ops × EFFICIENCY.op_overhead_s                           (where dispatch is not hidden)
+    step_s     = compute_s + Σ exposed communication + bubble
+
+The roofline is taken per class of operator and the classes are added (they run one after another): a matmul
+kernel's own weight and activation reads are inside its compute time; the element-wise, normalisation, softmax
+and optimizer kernels move bytes and do little arithmetic.  The efficiency factors are few, named and in one place
+(`Efficiency`); each says where its value comes from.  `PUBLISHED` holds figures from public microbenchmarks for
+the GPU parts; `scalekit.calibrate()` measures them on the machine in hand (the "this-cpu" part).  Nothing here is
+tuned to the runs it is checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .collectives import Collective, link_for, ring_time
+
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # its first bucket (torch's dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The achievable fractions the model multiplies peaks by, and two fixed costs."""
+
+    matmul: float  # of the dense peak, for the model's matmuls
+    memory: float  # of the memory bandwidth, for a streaming copy
+    link: float  # of a link's one-way bandwidth, for a large ring collective (nccl-tests' busbw / link)
+    latency_s: float  # α: per ring step of a collective
+    op_overhead_s: float  # per operator dispatched, where the host's dispatch is not hidden (a CPU runs it inline)
+    matmul_curve: tuple[tuple[int, float], ...] = ()  # (size, FLOP/s) measured by calibrate(): read at the width
+    overlaps_communication: bool = True  # whether a rank computes while its collectives run (False on a CPU)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def matmul_at(self, size: int, peak: float) -> float:
+        """The achieved FLOP/s for the model's matmuls: the calibrated curve read at `size` (log-linear between
+        measured sizes, the end values beyond them), else peak × matmul."""
+        if not self.matmul_curve:
+            return peak * self.matmul
+        pts = sorted(self.matmul_curve)
+        if size <= pts[0][0]:
+            return pts[0][1]
+        for (s0, f0), (s1, f1) in zip(pts, pts[1:], strict=False):
+            if size <= s1:
+                w = math.log(size / s0) / math.log(s1 / s0)
+                return f0 + w * (f1 - f0)
+        return pts[-1][1]
+
+
+PUBLISHED = Efficiency(
+    matmul=0.80, memory=0.85, link=0.80, latency_s=10e-6, op_overhead_s=0.0,
+    sources={
+        "matmul": "0.80: maximum achievable bf16 matmul FLOP/s over the dense peak, ml-engineering's MAMF table "
+                  "(github.com/stas00/ml-engineering, compute/accelerator): H100 SXM 792.1/989 = 80.1%, A100 SXM "
+                  "267.9/312 = 85.9%; the H100's figure is used for every GPU part",
+        "memory": "0.85: a streaming copy's share of HBM peak bandwidth, as STREAM/BabelStream-style copy kernels "
+                  "report on A100/H100 (typically 0.85-0.92); a round figure, not measured here",
+        "link": "0.80: nccl-tests all-reduce bus bandwidth over the one-way NVLink figure for large messages "
+                "(e.g. about 230-240 GB/s of 300 GB/s on DGX A100); a round figure",
+        "latency_s": "10 µs per ring step: the order of NCCL's small-message time per hop",
+        "op_overhead_s": "0: on a GPU kernels are queued asynchronously and the host's dispatch is taken as hidden "
+                         "(wrong for small models in eager mode: the missing term there)",
+    })
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a step is spread: data-parallel ranks and their sharding, tensor-parallel degree, pipeline stages."""
+
+    world: int
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    sharding: str = "none"  # none, ddp, fsdp, zero1, zero2
+    schedule: str | None = None  # gpipe, 1f1b
+    micro_batches: int = 1  # pipeline micro-batches (or gradient accumulation's)
+    dtype: str = "fp32"  # what the matmuls compute in: fp32, tf32, bf16, fp16
+    checkpointing: object = None  # None, 'selective', or every k-th block (1: every block)
+    flash_attention: bool = False  # SDPA's fused kernel: no T×T scores kept or moved
+
+    @property
+    def act_bytes(self) -> int:
+        return 2 if self.dtype in ("bf16", "fp16") else 4
+
+
+def bubble_fraction(stages: int, micro_batches: int, schedule: str | None) -> float:
+    """GPipe and 1F1B idle (p−1)/(m+p−1) of a step with equal stages (Narayanan et al. 2021, section 2.2; the same
+    formula as scalekit.models.pipeline.bubble)."""
+    if stages <= 1:
+        return 0.0
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def unit_bytes(shape, world: int, bytes_per: int, tp: int = 1, pp: int = 1) -> list[int]:
+    """Bytes FSDP moves per unit (root first, then each block this rank's stage holds), parameters padded to the
+    ranks as fully_shard pads them; a tensor-parallel rank holds 1/tp of each block."""
+    from .shapes import padded_elements
+
+    root = padded_elements(shape.root, world) * bytes_per
+    block = padded_elements(shape.block, world) * bytes_per // tp
+    return [root] + [block] * (shape.n_layer // pp)
+
+
+def ddp_buckets(grad_bytes: int) -> int:
+    """How many buckets DDP fills: a 1 MiB first bucket, then 25 MiB ones (parameters are never split)."""
+    if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
+
+
+def step_collectives(shape, lay: Layout, micro_batch_rows: int, seq: int) -> list[Collective]:
+    """What one rank sends in one step, per kind, for the layout: the bytes are what the ranks' calls carry (the
+    check in tests/distributed/test_predict_collective_bytes.py counts them)."""
+    out: list[Collective] = []
+    trainable = shape.n_params // (lay.tp * lay.pp)
+    grads = 4 * trainable  # gradients are fp32 (autocast keeps fp32 weights; FSDP reduces in fp32)
+    param_bytes = lay.act_bytes if lay.sharding in ("fsdp", "zero2") and lay.act_bytes == 2 else 4
+    forwards = lay.micro_batches
+    if lay.dp > 1 and lay.sharding in ("ddp", "zero1"):
+        out.append(Collective("gradient all-reduce (DDP buckets)", "all_reduce", grads, ddp_buckets(grads), lay.dp,
+                              overlap_rule="DDP_OVERLAP"))
+        if shape.buffer_bytes:
+            out.append(Collective("buffers broadcast from rank 0 before each forward (DDP broadcast_buffers)",
+                                  "broadcast", shape.buffer_bytes * forwards, forwards, lay.dp,
+                                  overlap_rule="EXPOSED"))
+        if lay.sharding == "zero1":
+            # ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
+            tensors = (len(shape.root) + shape.n_layer * len(shape.block)) // (lay.tp * lay.pp)
+            out.append(Collective("updated weights from each rank's optimizer shard (ZeRO-1)", "broadcast",
+                                  4 * trainable, tensors, lay.dp, overlap_rule="EXPOSED"))
+    if lay.dp > 1 and lay.sharding in ("fsdp", "zero2"):
+        gathered = unit_bytes(shape, lay.dp, param_bytes, lay.tp, lay.pp)
+        out.append(Collective("weights all-gather in forward (FSDP, per unit)", "all_gather", sum(gathered) * forwards,
+                              len(gathered) * forwards, lay.dp, overlap_rule="FSDP_PREFETCH"))
+        if lay.sharding == "fsdp":  # ZeRO-3 frees each unit after forward: backward gathers every unit again
+            out.append(Collective("weights all-gather in backward (FSDP, per unit)", "all_gather",
+                                  sum(gathered) * forwards, len(gathered) * forwards, lay.dp,
+                                  overlap_rule="FSDP_PREFETCH"))
+        reduced = unit_bytes(shape, lay.dp, 4, lay.tp, lay.pp)
+        out.append(Collective("gradient reduce-scatter (FSDP, per unit, fp32)", "reduce_scatter", sum(reduced),
+                              len(reduced), lay.dp, overlap_rule="FSDP_PREFETCH"))
+    activation = micro_batch_rows * seq * shape.d * lay.act_bytes
+    if lay.tp > 1:  # Megatron: attention's and the MLP's row-split outputs all-reduced forward; their inputs' grads back
+        blocks = shape.n_layer // lay.pp
+        out.append(Collective("activation all-reduce (tensor parallel, 2 per block forward, 2 backward)",
+                              "all_reduce", 4 * blocks * activation * lay.micro_batches,
+                              4 * blocks * lay.micro_batches, lay.tp, overlap_rule="TP_CRITICAL"))
+    if lay.pp > 1:
+        # a stage sends its output forward and the gradient of its input backward, one micro-batch at a time: a middle
+        # stage both, the first and the last one each (what each rank sends; it receives as much)
+        sends = (2 if lay.pp > 2 else 1) * lay.micro_batches
+        out.append(Collective("activations forward, their gradients backward (pipeline sends, per micro-batch)",
+                              "send_recv", sends * activation, sends, 2, overlap_rule="P2P_EXPOSED"))
+        if shape.head_tied:  # the embedding on the first stage and the head on the last: their gradients summed
+            out.append(Collective("tied embedding and head gradients, first and last stage (pipeline)", "all_reduce",
+                                  4 * shape.vocab * shape.d, 1, 2, overlap_rule="EXPOSED"))
+        out.append(Collective("the loss broadcast from the last stage (pipeline)", "broadcast", 4, 1, lay.pp,
+                              overlap_rule="EXPOSED"))
+    return out
+
+
+OVERLAP_RULES = {
+    "DDP_OVERLAP": "DDP all-reduces each bucket while the rest of backward runs: all but the last bucket hide behind "
+                   "backward (2/3 of the compute); exposed = the last bucket + whatever of the rest exceeds backward",
+    "FSDP_PREFETCH": "FSDP gathers the next unit during this one's compute and reduce-scatters gradients during "
+                     "backward: exposed = the first unit's share + whatever of the rest exceeds the compute",
+    "TP_CRITICAL": "tensor-parallel all-reduces sit on the critical path: fully exposed (no async TP)",
+    "P2P_EXPOSED": "pipeline sends and receives are counted as exposed (an upper bound: schedules overlap some)",
+    "EXPOSED": "runs between compute phases: fully exposed",
+    "NO_OVERLAP_HERE": "this part's ranks compute and communicate on the same cores: nothing overlaps",
+}
+
+
+def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_s: float, lay: Layout) -> None:
+    """Fill each collective's time (α-β ring on its group's link) and its exposed share (its overlap rule)."""
+    spans = {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
+    backward_s = compute_s * 2 / 3
+    for c in colls:
+        # data-parallel groups stride over tp (consecutive ranks split a block: torchtitan's layout)
+        stride = lay.tp if c.overlap_rule in ("DDP_OVERLAP", "FSDP_PREFETCH") or c.op == "broadcast" else 1
+        c.link, bandwidth = link_for(cluster, c.ranks, stride if spans.get(c.op) else 1)
+        c.time_s = ring_time(c.op, c.bytes, c.calls, c.ranks, bandwidth * eff.link, eff.latency_s)
+        rule = c.overlap_rule if eff.overlaps_communication else "NO_OVERLAP_HERE"
+        per_call = c.time_s / max(1, c.calls)
+        if rule == "DDP_OVERLAP":
+            c.exposed_s = per_call + max(0.0, c.time_s - per_call - backward_s)
+        elif rule == "FSDP_PREFETCH":
+            hide = backward_s if c.op == "reduce_scatter" else compute_s / 3 if "forward" in c.name else backward_s
+            c.exposed_s = per_call + max(0.0, c.time_s - per_call - hide)
+        else:
+            c.exposed_s = c.time_s
+        c.overlap_rule = rule

@@ -1,0 +1,351 @@
+"""`scalekit.predict(model, gpus="8xH100-SXM", toggles=..., batch_size=..., seq_len=...)`: memory, step time,
+tokens/s and MFU per GPU for GPUs that need not be here, with the assumptions each figure rests on.
+
+Memory: for the built-in GPT, scalekit.estimate's own plan (its analytic per-layer inventory, per rank); for the
+public shapes, the formulas of DESIGN.md (mixed-precision AdamW 16 bytes per parameter split as the sharding
+splits it; Korthikanti's 34·s·b·h (+5·a·s²·b without a fused attention) bytes per layer, selective recompute
+dropping the second term, full recompute keeping 2·s·b·h per layer and one layer's whole).  Time: cost.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from . import cost
+from .collectives import Collective
+from .parts import GPUS_PER_NODE
+from .parts import gpus as parse_gpus
+from .shapes import ModelShape, shape_of
+
+GIB = 2**30
+
+
+@dataclass
+class Prediction:
+    """Per GPU figures of one training step of `model` on `cluster` under `layout`."""
+
+    model: str
+    gpus: str
+    layout: cost.Layout
+    batch_size: int
+    seq_len: int
+    memory: dict[str, int]  # params, grads, optimizer_state, activations, comm_buffers, peak (bytes)
+    memory_method: str
+    capacity_bytes: float
+    fits: bool
+    compute_s: float
+    compute_parts: dict[str, float]  # matmul, memory traffic, per-op overhead (seconds)
+    collectives: list[Collective]
+    bubble_s: float
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    model_flops_per_gpu: float
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(c.exposed_s for c in self.collectives)
+
+    def verdict(self) -> str:
+        if self.fits:
+            return (f"fits: {self.memory['peak'] / GIB:.1f} GiB of {self.capacity_bytes / GIB:.0f} GiB per GPU")
+        return (f"does not fit: the plan needs {self.memory['peak'] / GIB:.1f} GiB per GPU and a "
+                f"{self.gpus.split('× ')[-1].split(' (')[0]} has {self.capacity_bytes / GIB:.1f} GiB")
+
+    def table(self) -> str:
+        """The figures as plain text lines."""
+        m = {k: v / GIB for k, v in self.memory.items()}
+        lines = [f"{self.model} on {self.gpus}: batch {self.batch_size} × seq {self.seq_len}, {self.layout}",
+                 "memory per GPU (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in m.items()) + f" — {self.verdict()}",
+                 f"step {self.step_s * 1e3:.1f} ms = compute {self.compute_s * 1e3:.1f} ms ("
+                 + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.compute_parts.items())
+                 + f") + exposed communication {self.exposed_comm_s * 1e3:.1f} ms + bubble {self.bubble_s * 1e3:.1f} ms"]
+        for c in self.collectives:
+            lines.append(f"  {c.name}: {c.calls} × {c.op} over {c.ranks} ranks, {c.bytes / 2**20:.2f} MiB, {c.algorithm} "
+                         f"on {c.link}: {c.time_s * 1e3:.2f} ms, exposed {c.exposed_s * 1e3:.2f} ms ({c.overlap_rule})")
+        mfu = f"{100 * self.mfu:.1f}%" if self.mfu is not None else "n/a"
+        lines.append(f"tokens/s per GPU {self.tokens_per_s_per_gpu:,.0f}; MFU {mfu}")
+        lines += [f"- {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+
+def _toggles(toggles) -> dict:
+    if toggles is None:
+        return {}
+    if isinstance(toggles, str):
+        toggles = [toggles]
+    if isinstance(toggles, dict):
+        return dict(toggles)
+    out = {}
+    for t in toggles:
+        name, _, value = str(t).partition("=")
+        out[name] = value or True
+    return out
+
+
+def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
+    """The layout the toggles ask for on `world` GPUs, refused in a sentence with the numbers when the degrees do
+    not divide the heads, the layers or the GPUs."""
+    from ..toggles.pipeline_parallel import parse as parse_pp
+    from ..toggles.tensor_parallel import parse as parse_tp
+
+    tp = parse_tp(toggles["tensor_parallel"])[0] if "tensor_parallel" in toggles else 1
+    pp, schedule, micro = 1, None, int(toggles.get("grad_accum", 1) if toggles.get("grad_accum") is not True else 2)
+    if "pipeline_parallel" in toggles:
+        value = toggles["pipeline_parallel"]
+        schedule, micro, stages = parse_pp("1f1b" if value is True else value)
+        pp = stages or world // tp
+    if tp > 1 and (shape.n_head % tp or shape.n_kv_head % tp):
+        raise ConfigError(f"tensor_parallel {tp} does not divide the model's {shape.n_head} attention heads "
+                          f"({shape.n_kv_head} key/value heads): each rank takes whole heads")
+    if pp > 1 and shape.n_layer % pp:
+        raise ConfigError(f"pipeline_parallel {pp} stages do not divide the model's {shape.n_layer} layers")
+    if world % (tp * pp):
+        raise ConfigError(f"tensor_parallel {tp} × pipeline stages {pp} = {tp * pp} does not divide {world} GPUs")
+    sharding = next((s for s in ("fsdp", "ddp") if s in toggles), "none")
+    if "zero" in toggles:
+        sharding = str(toggles["zero"]) if toggles["zero"] is not True else "zero1"
+    dp = world // (tp * pp)
+    dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
+        else "fp32"  # as a run: fp32 matmuls unless a toggle says
+    ckpt = toggles.get("checkpointing")
+    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdigit() else ckpt)
+    return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles)
+
+
+def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = None, seq_len: int | None = None,
+            per_node: int | None = None, efficiency: cost.Efficiency | None = None, strict: bool = False) -> Prediction:
+    """Predict one training step of `model` on `gpus` (see scalekit/predict/parts.py for the names): memory per
+    GPU and whether it fits, the step time split into compute, exposed communication (per collective) and the
+    pipeline bubble, tokens/s per GPU and MFU, and the assumptions they rest on.
+
+    `model`: a public shape ('llama3-8b', 'gpt2-124m', ...), a built-in preset, a GPTConfig, a RunConfig of the
+    built-in GPT, or a transformers config.  `toggles` as RunConfig takes them (a list or a dict): fsdp, ddp,
+    zero ('zero1'/'zero2'), tensor_parallel (degree), pipeline_parallel ('1f1b/8'), bf16, checkpointing, sdpa.
+    `batch_size` is the global batch (rows), split over the data-parallel ranks.  `strict`: raise a ConfigError
+    when the plan does not fit."""
+    from .calibrate import this_cpu
+
+    if isinstance(gpus, str) and gpus.strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
+        this_cpu()  # measured on first use
+    cluster = parse_gpus(gpus, per_node)
+    toggles = _toggles(toggles if toggles is not None else getattr(model, "toggles", None))
+    shape = shape_of(model)
+    part = cluster.part
+    eff = efficiency or part.efficiency or cost.PUBLISHED
+    preset = _preset_defaults(model, shape)
+    seq = seq_len or getattr(model, "seq_len", None) or (preset.block_size if preset else 1024)
+    layout = layout_of(toggles, cluster.count, shape)
+    batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
+    rows_per_micro = _rows(batch, layout)
+    assumptions: list[str] = []
+    memory, method, saved = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
+    model_flops = shape.train_flops_per_token(seq) * batch * seq / cluster.count  # this GPU's share of the work
+    hw_flops = model_flops + _recompute_flops(shape, layout, seq) * batch * seq / cluster.count
+    compute_s, parts, colls, bubble_s = _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved,
+                                                   rows_per_micro, seq)
+    step_s = compute_s + sum(c.exposed_s for c in colls) + bubble_s
+    peak = part.peak(layout.dtype)
+    tokens_per_gpu = batch * seq / layout.tp / layout.pp / layout.dp / step_s if step_s else 0.0
+    # the step's tokens over every GPU (as torchtitan counts tokens/s per GPU)
+    fits = memory["peak"] <= part.memory_bytes
+    pred = Prediction(shape.name if not isinstance(model, str) else model, cluster.describe(), layout, batch, seq,
+                      memory, method, part.memory_bytes, fits, compute_s,
+                      parts, colls, bubble_s,
+                      step_s, tokens_per_gpu, model_flops / step_s / peak if step_s else None, model_flops,
+                      assumptions)
+    assumptions += _assumptions(pred, eff, part, shape, _traffic_bytes(shape, layout, saved), toggles)
+    if strict and not fits:
+        raise ConfigError(pred.verdict())
+    return pred
+
+
+def _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved, rows_per_micro, seq):
+    """(compute seconds, its parts, the collectives timed, the bubble's seconds) of one step on one GPU."""
+    part = cluster.part
+    matmul_s = hw_flops / eff.matmul_at(shape.d, part.peak(layout.dtype))
+    memory_s = _traffic_bytes(shape, layout, saved) / (part.memory_bandwidth * eff.memory)
+    # the step's operators once per micro-batch; a pipeline rank runs only its stage's share of them
+    ops = _ops(model, toggles, shape) * layout.micro_batches / layout.pp if eff.op_overhead_s else 0
+    ops_s = ops * eff.op_overhead_s
+    compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
+    colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
+    cost.time_collectives(colls, cluster, eff, compute_s, layout)
+    bubble = cost.bubble_fraction(layout.pp, layout.micro_batches, layout.schedule)
+    bubble_s = compute_s * bubble / (1 - bubble) if bubble else 0.0
+    return compute_s, {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}, colls, bubble_s
+
+
+def _preset_defaults(model, shape):
+    """The built-in preset a name stands for (its default batch and context), else None."""
+    from ..models.presets import PRESETS
+
+    return PRESETS.get(model) if isinstance(model, str) and shape.source.startswith("scalekit") else None
+
+
+def _rows(batch: int, lay: cost.Layout) -> int:
+    per_rank = lay.dp * lay.micro_batches
+    if batch % per_rank:
+        raise ConfigError(f"batch_size {batch} does not split into {lay.dp} data-parallel ranks × "
+                          f"{lay.micro_batches} micro-batches ({per_rank} rows at a time)")
+    return batch // per_rank
+
+
+def _recompute_flops(shape: ModelShape, lay: cost.Layout, seq: int) -> float:
+    """FLOPs per token that activation checkpointing runs again: a checkpointed block's forward (a third of its
+    training FLOPs); selective recompute reruns only the attention scores (4·d·T per layer per token)."""
+    if lay.checkpointing is None:
+        return 0.0
+    if lay.checkpointing == "selective":
+        return 4 * shape.n_layer * shape.d * seq
+    every = lay.checkpointing if isinstance(lay.checkpointing, int) else 1
+    block = 2 * shape.block_params + 4 * shape.d * seq
+    return block * (shape.n_layer // every)
+
+
+ACTIVATION_PASSES = 5  # a saved activation: written and read in forward, read in backward, its gradient written and read
+
+
+def _traffic_bytes(shape: ModelShape, lay: cost.Layout, saved_activations: float) -> float:
+    """Bytes one GPU's non-matmul operators move in a step (the roofline's memory side): AdamW's update, 28 bytes
+    per parameter it holds (read weight, gradient and two moments, write weight and moments), and every saved
+    activation ACTIVATION_PASSES times (eager, unfused: forward writes it and the next operator reads it, backward
+    reads it and writes and reads its gradient)."""
+    params = shape.n_params / (lay.tp * lay.pp)
+    held = params / lay.dp if lay.sharding in ("fsdp", "zero1", "zero2") else params
+    return 28 * held + ACTIVATION_PASSES * saved_activations
+
+
+def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
+    """(bytes by part, the method, the saved activations of the step) per GPU."""
+    from ..training.config import RunConfig
+
+    preset = model if isinstance(model, str) and shape.source.startswith("scalekit") else getattr(model, "preset", None)
+    if preset is not None and shape.source.startswith("scalekit"):
+        from ..plan import estimate
+
+        cfg = RunConfig(preset=preset, toggles=toggles, batch_size=batch, seq_len=seq, device="cpu")
+        est = estimate(cfg, device="cpu" if part.name.startswith("this-cpu") else "cuda",
+                       world_size=lay.world if lay.world > 1 else None)
+        mem = dict(params=est.params_bytes, grads=est.grads_bytes, optimizer_state=est.optimizer_state_bytes,
+                   activations=est.activations_bytes, comm_buffers=0, peak=est.peak_bytes)
+        assumptions.append("memory: scalekit.estimate's plan of the built-in GPT (its analytic inventory, per rank; "
+                           "communication buffers are inside its activations figure)")
+        saved = est.saved_activations_bytes or est.activations_bytes
+        return mem, "scalekit.estimate (" + est.method + ")", saved
+    return _formula_memory(shape, lay, rows, seq, assumptions)
+
+
+def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, assumptions: list[str]):
+    n = shape.n_params / (lay.tp * lay.pp)
+    shard = lay.dp
+    params = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
+    grads = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
+    state = 8 * n / (shard if lay.sharding in ("fsdp", "zero1", "zero2") else 1)
+    s, b, h, a = seq, rows, shape.d, shape.n_head
+    per_layer = s * b * h * 34 + (0 if (lay.flash_attention or lay.checkpointing == "selective") else 5 * a * s * s * b)
+    per_layer /= lay.tp
+    layers = shape.n_layer // lay.pp
+    if isinstance(lay.checkpointing, int):
+        kept = 2 * s * b * h * layers + per_layer  # layer boundaries, and one layer's whole during its backward
+    else:
+        kept = per_layer * layers
+    if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
+        kept *= lay.micro_batches if lay.schedule == "gpipe" else min(lay.pp, lay.micro_batches)
+    head = b * s * shape.vocab * (lay.act_bytes + 4)  # the logits in the compute dtype and their fp32 log-softmax
+    buffers = 0.0
+    if lay.sharding == "fsdp":  # two units gathered (one prefetched) in the compute dtype, one unit's fp32 gradients
+        buffers = 2 * shape.block_params * lay.act_bytes / lay.tp + 4 * shape.block_params / lay.tp
+    elif lay.sharding == "zero2":
+        buffers = n * lay.act_bytes
+    elif lay.sharding in ("ddp", "zero1"):
+        buffers = grads  # DDP's buckets: a flat copy of every gradient
+    activations = kept + head
+    peak = params + grads + state + activations + buffers
+    mem = {k: int(v) for k, v in dict(params=params, grads=grads, optimizer_state=state, activations=activations,
+                                      comm_buffers=buffers, peak=peak).items()}
+    assumptions.append("memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
+                       f"split over {shard} data-parallel ranks as {lay.sharding} splits them; activations by "
+                       "Korthikanti et al. (2022): 34·s·b·h bytes per layer"
+                       + ("" if lay.flash_attention or lay.checkpointing == "selective" else " + 5·a·s²·b")
+                       + (", full recompute keeping 2·s·b·h per layer" if isinstance(lay.checkpointing, int) else "")
+                       + "; the loss head's logits (compute dtype) and fp32 log-softmax; the peak as the sum (no "
+                         "moment-by-moment walk)")
+    return mem, "formulas (Korthikanti et al. 2022; 16 bytes per parameter for mixed-precision AdamW)", per_layer * layers
+
+
+def _ops(model, toggles, shape) -> int:
+    """Operators dispatched in one training step of the built-in GPT, counted by running one step of the preset at
+    batch 1 (the count does not depend on the batch); 0 where the model is not the built-in GPT."""
+    from .ops import count_step_ops
+
+    preset = model if isinstance(model, str) else getattr(model, "preset", None)
+    if not shape.source.startswith("scalekit") or preset is None:
+        return 0
+    local = {k: v for k, v in toggles.items() if k not in ("ddp", "fsdp", "zero", "tensor_parallel",
+                                                           "pipeline_parallel")}
+    return count_step_ops(preset, tuple(sorted((k, str(v)) for k, v in local.items())))
+
+
+# the toggles the cost model has a term for; any other is predicted as if it were off (and said so)
+MODELLED = ("fsdp", "ddp", "zero", "tensor_parallel", "pipeline_parallel", "bf16", "fp16", "tf32", "checkpointing",
+            "sdpa", "grad_accum")
+
+
+def unmodelled(toggles) -> list[str]:
+    """The toggles among `toggles` the cost model has no term for."""
+    return [t for t in _toggles(toggles) if t not in MODELLED]
+
+
+def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, toggles) -> list[str]:
+    lay = pred.layout
+    out = [f"GPUs: {pred.gpus}; a group of ranks within one node talks over {part.intra_link}, across nodes over "
+           f"{part.inter_link} (nodes of {GPUS_PER_NODE} unless per_node= says otherwise)",
+           f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
+           f"({part.sources.get('flops', 'measured by calibrate()')})",
+           f"compute: a roofline per class of operator, matmul time + other operators' memory traffic time + per-op "
+           f"overhead; matmul "
+           f"efficiency {'read from the calibrated curve at the width ' + str(shape.d) if eff.matmul_curve else eff.matmul}"
+           f" ({eff.sources.get('matmul', '')})",
+           f"memory traffic: {traffic / 1e9:.2f} GB per step per GPU (AdamW 28 B per held parameter, saved "
+           f"activations {ACTIVATION_PASSES} passes: no fusion assumed) at {eff.memory:.2f} of "
+           f"{part.memory_bandwidth / 1e9:,.0f} GB/s ({eff.sources.get('memory', '')})",
+           f"collectives: α-β ring on the group's slowest link at {eff.link:.2f} of its bandwidth, α "
+           f"{eff.latency_s * 1e6:.0f} µs ({eff.sources.get('link', '')})",
+           "FLOPs: 6N + 12·L·d·T per token (PaLM appendix B), plus what checkpointing recomputes"]
+    out += [f"overlap {name}: {text}" for name, text in cost.OVERLAP_RULES.items()
+            if any(c.overlap_rule == name for c in pred.collectives)]
+    if lay.pp > 1:
+        out.append(f"bubble: (p−1)/(m+p−1) = {cost.bubble_fraction(lay.pp, lay.micro_batches, lay.schedule):.3f} of "
+                   f"the step for {lay.schedule} with {lay.pp} stages and {lay.micro_batches} micro-batches")
+    out.append("per GPU, tokens count once per tensor-parallel group and pipeline; data loading is taken as hidden")
+    if lay.dp > 1 and lay.sharding == "none":
+        out.append(f"no data-parallel toggle: the {lay.dp} data-parallel groups split the batch but nothing "
+                   f"synchronises their gradients (as a scalekit run with these toggles does): add fsdp (or ddp)")
+    if unmodelled(toggles):
+        out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
+                   f"the memory figure still comes from the planner where it is scalekit.estimate's)")
+    out.append(f"per-op overhead: {eff.op_overhead_s * 1e6:.1f} µs per operator ({eff.sources.get('op_overhead_s', '')})")
+    return out
+
+
+def predict_decode(model, gpus="A100-80GB-SXM", weight_bytes: float = 2.0, batch: int = 1, context: int = 0,
+                   efficiency: cost.Efficiency | None = None) -> dict:
+    """Decode (one new token per sequence per forward) is bound by memory bandwidth: every step reads the weights
+    (`weight_bytes` per parameter: 2 for bf16, 1 for int8) and the KV cache.  Returns the predicted tokens/s (at
+    the memory efficiency), the bandwidth ceiling (at 100%) and the compute bound."""
+    shape = shape_of(model)
+    part = parse_gpus(gpus).part
+    eff = efficiency or part.efficiency or cost.PUBLISHED
+    kv = 2 * shape.n_layer * context * shape.n_kv_head * (shape.d // shape.n_head) * 2 * batch
+    read = shape.n_params * weight_bytes + kv
+    ceiling = part.memory_bandwidth / read * batch
+    compute = part.peak("bf16") * eff.matmul / (2 * shape.n_params)
+    return {"tokens_per_s": min(ceiling * eff.memory, compute * batch), "ceiling_tokens_per_s": ceiling,
+            "bytes_per_step": read, "assumption": f"bandwidth-bound: {read / 1e9:.2f} GB read per step at "
+            f"{eff.memory:.2f} of {part.memory_bandwidth / 1e9:,.0f} GB/s"}
+
+
+__all__ = ["predict", "predict_decode", "Prediction", "layout_of"]

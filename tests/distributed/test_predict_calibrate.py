@@ -1,0 +1,30 @@
+"""calibrate() measures this machine (matmul by size, copy bandwidth, per-operator cost, gloo collectives by
+message size over ranks it starts) and registers the part "this-cpu" that predict then uses."""
+
+from __future__ import annotations
+
+import time
+
+from scalekit.predict import PARTS, calibrate, predict
+from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
+
+
+def test_calibrate_registers_this_cpu_with_measured_factors_and_predict_uses_them():
+    start = time.perf_counter()
+    part = calibrate(ranks=2, matmul_sizes=(32, 64), copy_mbytes=4, message_sizes=(2**12, 2**16), repeats=2,
+                     threads=1)
+    assert time.perf_counter() - start < 20
+    try:
+        eff = part.efficiency
+        assert PARTS["this-cpu"] is part and part.peak("fp32") == max(f for _, f in eff.matmul_curve)
+        assert [n for n, _ in eff.matmul_curve] == [32, 64] and all(f > 0 for _, f in eff.matmul_curve)
+        assert part.memory_bandwidth > 0 and part.intra_bandwidth > 0 and eff.latency_s > 0
+        assert 0 < eff.op_overhead_s < 1e-3 and not eff.overlaps_communication
+        assert all(k in eff.sources for k in ("matmul", "memory", "link", "latency_s", "op_overhead_s"))
+        p = predict("tiny", "2xthis-cpu", toggles=["ddp"])
+        assert p.compute_parts["per-op overhead"] > 0  # the operators of one step, counted, at the measured cost
+        reduce = next(c for c in p.collectives if c.op == "all_reduce")
+        assert reduce.link.startswith("loopback") and reduce.exposed_s == reduce.time_s > 0  # nothing overlaps here
+        assert any("NO_OVERLAP_HERE" in a for a in p.assumptions)
+    finally:
+        PARTS.pop("this-cpu", None)

@@ -1,0 +1,121 @@
+"""The parts table, the specs it parses, the shapes by name, and predict's refusals and speed on the meta-free
+public shapes (no GPU, no weights: figures from the numbers alone)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from scalekit.errors import ConfigError
+from scalekit.predict import PARTS, Part, gpus, part, predict, predict_decode, register
+from scalekit.predict.collectives import ring_time
+from scalekit.predict.cost import bubble_fraction
+from scalekit.predict.shapes import PUBLIC, shape_of
+
+REQUIRED = ("A100-40GB-SXM", "A100-80GB-SXM", "H100-SXM", "H100-PCIe", "H200", "B200", "L40S", "RTX-4090")
+
+
+def test_every_required_part_has_dense_peaks_links_and_a_source_for_each():
+    for name in REQUIRED:
+        p = PARTS[name]
+        assert {"fp32", "tf32", "bf16", "fp16"} <= set(p.peak_flops), name
+        assert p.memory_bytes > 0 and p.memory_bandwidth > 0 and p.intra_bandwidth > 0 and p.inter_bandwidth > 0
+        assert {"flops", "memory", "intra", "inter"} <= set(p.sources), name
+    # dense, not sparse: H100 SXM bf16 989 TFLOP/s, A100 312 (the sparse figures are twice that)
+    assert PARTS["H100-SXM"].peak("bf16") == pytest.approx(989.4e12)
+    assert PARTS["A100-80GB-SXM"].peak("bf16") == 312e12
+    assert "sparsity" in PARTS["H100-SXM"].sources["flops"]
+    assert "fp8" not in PARTS["A100-80GB-SXM"].peak_flops
+
+
+def test_specs_parse_into_nodes_of_eight_and_unknown_parts_are_named():
+    c = gpus("64xH100-SXM")
+    assert (c.count, c.per_node, c.nodes, c.part.name) == (64, 8, 8, "H100-SXM")
+    assert gpus("h100").count == 1 and gpus("2 x a100").part.name == "A100-80GB-SXM"
+    assert gpus("16xH200", per_node=4).nodes == 4
+    with pytest.raises(ConfigError, match="unknown part 'TPU-v9'.*H100-SXM.*register"):
+        part("TPU-v9")
+    with pytest.raises(ConfigError, match="at least 1"):
+        gpus("0xH100")
+
+
+def test_a_user_adds_a_part():
+    mine = register(Part("MY-GPU", {"fp32": 1e12, "tf32": 2e12, "bf16": 4e12, "fp16": 4e12}, 16e9, 500e9,
+                         "PCIe", 16e9, "Ethernet", 1e9, {"flops": "my sheet"}))
+    try:
+        assert gpus("4xmy-gpu").part is mine
+        assert predict("gpt2-124m", "4xMY-GPU", toggles=["ddp", "bf16"], batch_size=8).step_s > 0
+    finally:
+        del PARTS["MY-GPU"]
+
+
+def test_public_shapes_have_their_published_parameter_counts():
+    assert shape_of("gpt2-124m").n_params == pytest.approx(124.4e6, rel=0.002)
+    assert shape_of("gpt2-1.5b").n_params == pytest.approx(1.558e9, rel=0.002)
+    assert shape_of("llama3-8b").n_params == pytest.approx(8.03e9, rel=0.002)
+    assert shape_of("llama3-70b").n_params == pytest.approx(70.55e9, rel=0.002)
+    assert shape_of("llama3-405b").n_params == pytest.approx(405.8e9, rel=0.003)
+    assert shape_of("tiny").n_params == 108352  # the built-in preset, read off the meta device
+    with pytest.raises(ConfigError, match="unknown model 'gpt5'.*llama3-8b"):
+        shape_of("gpt5")
+
+
+def test_the_ring_costs_and_the_bubble_follow_their_formulas():
+    # all-reduce 2(n−1)/n·S/B + 2(n−1)α ; all-gather (n−1)/n·S/B + (n−1)α
+    assert ring_time("all_reduce", 8e9, 1, 8, 1e9, 0.0) == pytest.approx(14.0)
+    assert ring_time("all_gather", 8e9, 1, 8, 1e9, 1e-3) == pytest.approx(7.0 + 7e-3)
+    assert ring_time("all_reduce", 8e9, 1, 1, 1e9, 1e-3) == 0.0
+    assert bubble_fraction(4, 8, "1f1b") == pytest.approx(3 / 11)
+
+
+def test_refusals_are_sentences_with_the_numbers():
+    with pytest.raises(ConfigError, match="tensor_parallel 3 does not divide the model's 32 attention heads"):
+        predict("llama3-8b", "6xH100-SXM", toggles={"tensor_parallel": 3, "bf16": True}, batch_size=2)
+    with pytest.raises(ConfigError, match="5 stages do not divide the model's 32 layers"):
+        predict("llama3-8b", "10xH100-SXM", toggles={"pipeline_parallel": "1f1b/8,stages=5"}, batch_size=16)
+    with pytest.raises(ConfigError, match="= 16 does not divide 8 GPUs"):
+        predict("llama3-8b", "8xH100-SXM", toggles={"tensor_parallel": 8, "pipeline_parallel": "1f1b/4,stages=2"})
+    with pytest.raises(ConfigError, match="batch_size 3 does not split into 8 data-parallel ranks"):
+        predict("llama3-8b", "8xH100-SXM", toggles=["fsdp"], batch_size=3)
+    with pytest.raises(ConfigError, match=r"does not fit: the plan needs \d+\.\d GiB per GPU and a RTX-4090 has"):
+        predict("llama3-70b", "1xRTX-4090", toggles=["bf16"], batch_size=1, seq_len=2048, strict=True)
+
+
+def test_a_405b_model_on_512_gpus_is_predicted_in_well_under_five_seconds():
+    start = time.perf_counter()
+    p = predict("llama3-405b", "512xH100-SXM", toggles={"fsdp": True, "bf16": True, "tensor_parallel": 8,
+                                                         "pipeline_parallel": "1f1b/16,stages=2", "sdpa": True,
+                                                         "checkpointing": "selective"}, batch_size=512, seq_len=8192)
+    assert time.perf_counter() - start < 5
+    assert (p.layout.dp, p.layout.tp, p.layout.pp) == (32, 8, 2)
+    kinds = {c.op for c in p.collectives}
+    assert kinds == {"all_gather", "reduce_scatter", "all_reduce", "send_recv", "broadcast"}  # (the loss, last stage)
+    tp = next(c for c in p.collectives if c.op == "all_reduce")
+    assert tp.link == "NVLink 4"  # a tensor-parallel group of 8 sits in one node
+    fsdp = next(c for c in p.collectives if c.op == "reduce_scatter")
+    assert fsdp.link.startswith("InfiniBand")  # 32 data-parallel ranks, 8 apart, span nodes
+    assert p.bubble_s > 0 and p.tokens_per_s_per_gpu > 0 and 0 < p.mfu < 1
+    assert any(a.startswith("overlap FSDP_PREFETCH") for a in p.assumptions)
+
+
+def test_every_figure_comes_with_its_assumptions():
+    p = predict("llama3-8b", "8xH100-SXM", toggles=["fsdp", "bf16", "sdpa"], batch_size=16, seq_len=8192)
+    assert set(p.memory) == {"params", "grads", "optimizer_state", "activations", "comm_buffers", "peak"}
+    text = p.table()
+    for words in ("memory per GPU", "exposed communication", "tokens/s per GPU", "MFU", "MAMF", "Korthikanti"):
+        assert words in text
+    decode = predict_decode("llama2-7b", "A100-80GB-SXM")
+    assert decode["ceiling_tokens_per_s"] == pytest.approx(2039e9 / (PUBLIC["llama2-7b"].n_params * 2))
+    assert decode["tokens_per_s"] < decode["ceiling_tokens_per_s"]
+
+
+def test_the_command_line_prints_the_prediction_and_refuses_in_a_sentence(capsys):
+    from scalekit.cli.main import main
+
+    assert main(["predict", "llama3-8b", "--gpus", "16xH100-SXM", "--toggle", "fsdp", "--toggle", "bf16",
+                 "--toggle", "checkpointing=selective", "--batch-size", "16", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "16× H100-SXM (2 nodes of 8)" in out and "InfiniBand" in out and "tokens/s per GPU" in out
+    assert main(["predict", "llama3-8b", "--gpus", "6xH100", "--toggle", "tensor_parallel=4"]) == 2
+    assert "= 4 does not divide 6 GPUs" in capsys.readouterr().err
