@@ -11,6 +11,7 @@ from .inference.results import GenerateResult, compare_generations
 from .machine.hardware import detect
 from .plan import estimate
 from .predict import calibrate  # also the package: scalekit.predict(model, gpus=...)
+from .predict import plan_for
 from .toggles import TOGGLES
 from .training.batch_finder import find_batch_size
 from .training.build import build
@@ -22,7 +23,8 @@ __version__ = "0.1.0"
 
 __all__ = ["RunConfig", "RunResult", "run", "compare", "build", "detect", "TOGGLES", "ConfigError",
            "ToggleUnavailable", "Lab", "estimate", "find_batch_size", "launch", "autotune", "generate",
-           "GenerateConfig", "GenerateResult", "compare_generations", "applicable", "predict", "calibrate"]
+           "GenerateConfig", "GenerateResult", "compare_generations", "applicable", "predict", "calibrate",
+           "plan_for"]
 
 
 def load_ipython_extension(ipython):

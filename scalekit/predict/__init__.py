@@ -7,6 +7,7 @@
     calibrate   microbenchmarks on this machine: the "this-cpu" part
     ops         operators per training step (what a CPU pays per operator)
     step        predict(): the whole prediction, with its assumptions
+    search      plan_for(): every parallel plan predicted, those that fit ranked by tokens/s per GPU, and why
 """
 
 import sys
@@ -14,11 +15,13 @@ import sys
 from .calibrate import calibrate
 from .cost import PUBLISHED, Efficiency, Layout
 from .parts import PARTS, Cluster, Part, gpus, part, register
+from .search import Plan, PlanSearch, plan_for
 from .shapes import PUBLIC, ModelShape, hf_config, shape_of
 from .step import Prediction, predict, predict_decode
 
 __all__ = ["predict", "predict_decode", "calibrate", "Prediction", "Part", "PARTS", "register", "part", "gpus",
-           "Cluster", "Efficiency", "PUBLISHED", "Layout", "PUBLIC", "ModelShape", "shape_of", "hf_config"]
+           "Cluster", "Efficiency", "PUBLISHED", "Layout", "PUBLIC", "ModelShape", "shape_of", "hf_config",
+           "plan_for", "PlanSearch", "Plan"]
 
 
 class _CallableModule(sys.modules[__name__].__class__):

@@ -1,0 +1,453 @@
+"""`scalekit.plan_for(model, gpus="64xH100-SXM", batch_size=..., seq_len=...)`: every parallel plan for the GPUs
+given, predicted with `predict`, those that do not fit dropped with the reason, the rest ranked by predicted
+tokens/s per GPU, and why the winner wins and what each runner-up lacks, read off the predictions' step split.
+
+The plans: data parallel (DDP), FSDP, ZeRO-1, ZeRO-2 over the data-parallel ranks; tensor-parallel degrees that
+divide the attention heads and the GPUs of a node; pipeline degrees that divide the layers, each with GPipe and
+1F1B; activation checkpointing off, selective and full; and every micro-batch size (a power of two, or the whole
+share) that splits a data-parallel rank's share of the global batch (pipeline micro-batches, or gradient
+accumulation without a pipeline).  The global batch and the sequence length are the same for every plan, so
+ranking by tokens/s per GPU is ranking by step time, and the step time's terms (matmul, memory traffic, per-op
+overhead, each collective's exposed time, the bubble) say where one plan gains on another.
+
+Context (sequence) parallel degrees are not searched: step.py has no cost term for them (tensor_parallel's
+sequence_parallel option is priced as plain tensor parallel), and the search says so in its notes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .parts import gpus as parse_gpus
+from .shapes import shape_of
+from .step import GIB, Prediction, _toggles, predict
+
+SHARDINGS = ("ddp", "fsdp", "zero1", "zero2")
+SCHEDULES = ("gpipe", "1f1b")
+CHECKPOINTING = (None, "selective", 1)
+# the toggles a plan sets; given in `toggles=`, each fixes its dimension of the search instead
+SEARCHED = ("ddp", "fsdp", "zero", "tensor_parallel", "pipeline_parallel", "checkpointing", "grad_accum")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to spread the step: sharding over `dp` data-parallel ranks, tensor and pipeline degrees, the
+    schedule and its micro-batches (gradient accumulation's steps without a pipeline), checkpointing, and the rows
+    of one micro-batch on one data-parallel rank."""
+
+    sharding: str  # none, ddp, fsdp, zero1, zero2
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    schedule: str | None = None
+    micro_batches: int = 1
+    checkpointing: object = None  # None, 'selective', 1 (every block)
+    micro_batch_size: int = 1
+
+    def toggles(self, base: dict | None = None) -> dict:
+        """The RunConfig toggles of this plan, on top of `base` (bf16, sdpa, ...)."""
+        out = dict(base or {})
+        if self.sharding in ("ddp", "fsdp"):
+            out[self.sharding] = True
+        elif self.sharding in ("zero1", "zero2"):
+            out["zero"] = self.sharding
+        if self.tp > 1:
+            out["tensor_parallel"] = self.tp
+        if self.pp > 1:
+            out["pipeline_parallel"] = f"{self.schedule}/{self.micro_batches},stages={self.pp}"
+        elif self.micro_batches > 1:
+            out["grad_accum"] = self.micro_batches
+        if self.checkpointing is not None:
+            out["checkpointing"] = self.checkpointing
+        return out
+
+    @property
+    def label(self) -> str:
+        parts = [f"{self.sharding if self.sharding != 'none' else 'no sharding'} ×{self.dp}"]
+        if self.tp > 1:
+            parts.append(f"tp {self.tp}")
+        if self.pp > 1:
+            parts.append(f"pp {self.pp} {self.schedule} m{self.micro_batches}")
+        elif self.micro_batches > 1:
+            parts.append(f"accum {self.micro_batches}")
+        ckpt = {None: "no ckpt", "selective": "selective ckpt", 1: "full ckpt"}.get(self.checkpointing,
+                                                                                   f"ckpt {self.checkpointing}")
+        parts += [ckpt, f"mbs {self.micro_batch_size}"]
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass
+class Ranked:
+    """A plan that fits, its prediction, and the sentence that says what it lacks against the winner."""
+
+    plan: Plan
+    prediction: Prediction
+    lacks: str = ""
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.prediction.tokens_per_s_per_gpu
+
+
+@dataclass
+class PlanSearch:
+    """The plans that fit, best first (`plans`), those refused with the reason (`refused`: (plan or degrees,
+    sentence)), why the winner wins and what the runners-up lack (`why`), and notes on what was not searched."""
+
+    model: str
+    gpus: str
+    batch_size: int
+    seq_len: int
+    budget_bytes_per_gpu: float
+    plans: list[Ranked]
+    refused: list[tuple[object, str]]
+    why: list[str]
+    notes: list[str] = field(default_factory=list)
+    considered: int = 0  # plans predicted (fitting or not)
+    seconds: float = 0.0
+    measured: list[dict] = field(default_factory=list)  # run_top: each run plan's predicted and measured figures
+
+    @property
+    def best(self) -> Ranked | None:
+        return self.plans[0] if self.plans else None
+
+    @property
+    def frame(self):
+        """One row per plan predicted: the ranked ones first (rank 1 is the winner), then those that do not fit."""
+        import pandas as pd
+
+        rows = []
+        for i, r in enumerate(self.plans, 1):
+            rows.append(_row(r.plan, r.prediction, rank=i, fits=True, note=r.lacks))
+        for plan, reason in self.refused:
+            if isinstance(plan, Plan) and isinstance(reason, _Unfit):
+                rows.append(_row(plan, reason.prediction, rank=None, fits=False, note=str(reason)))
+        return pd.DataFrame(rows)
+
+    def table(self, top: int = 15) -> str:
+        head = (f"{self.model} on {self.gpus}: global batch {self.batch_size} × seq {self.seq_len}, budget "
+                f"{self.budget_bytes_per_gpu / GIB:.1f} GiB per GPU: {self.considered} plans predicted in "
+                f"{self.seconds:.2f} s, {len(self.plans)} fit, {len(self.refused)} refused")
+        lines = [head]
+        if self.plans:
+            cols = f"{'#':>3}  {'plan':<58} {'tok/s/GPU':>10} {'MFU':>6} {'step ms':>9} {'compute':>9} " \
+                   f"{'exp.comm':>9} {'bubble':>8} {'GiB':>6}"
+            lines.append(cols)
+            for i, r in enumerate(self.plans[:top], 1):
+                p = r.prediction
+                mfu = f"{100 * p.mfu:.1f}%" if p.mfu is not None else "n/a"
+                lines.append(f"{i:>3}  {r.plan.label:<58} {p.tokens_per_s_per_gpu:>10,.0f} {mfu:>6} "
+                             f"{p.step_s * 1e3:>9.1f} {p.compute_s * 1e3:>9.1f} {p.exposed_comm_s * 1e3:>9.1f} "
+                             f"{p.bubble_s * 1e3:>8.1f} {p.memory['peak'] / GIB:>6.1f}")
+            if len(self.plans) > top:
+                lines.append(f"     ... {len(self.plans) - top} more (PlanSearch.plans, PlanSearch.frame)")
+        lines += ["why:"] + [f"- {w}" for w in self.why]
+        degrees = [(p, r) for p, r in self.refused if not isinstance(p, Plan)]
+        if degrees:
+            lines += ["skipped:"] + [f"- {p}: {r}" for p, r in degrees]
+        unfit = [(p, r) for p, r in self.refused if isinstance(p, Plan)]
+        if unfit:
+            lines.append(f"{len(unfit)} plans do not fit or do not split the batch; the first: {unfit[0][0]}: "
+                         f"{unfit[0][1]}")
+        for m in self.measured:
+            lines.append(f"measured: {m['plan']}: predicted {m['predicted_ms']:.1f} ms/step, measured "
+                         f"{m['measured_ms']:.1f} ms ({m['ratio']:.2f}×)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+class _Unfit(str):
+    """A refusal sentence that keeps the prediction it was read from (for the frame)."""
+
+    prediction: Prediction
+
+    def __new__(cls, text: str, prediction: Prediction):
+        s = super().__new__(cls, text)
+        s.prediction = prediction
+        return s
+
+
+def _row(plan: Plan, p: Prediction, rank, fits: bool, note: str) -> dict:
+    return {"rank": rank, "plan": plan.label, "sharding": plan.sharding, "dp": plan.dp, "tp": plan.tp, "pp": plan.pp,
+            "schedule": plan.schedule, "micro_batches": plan.micro_batches, "micro_batch_size": plan.micro_batch_size,
+            "checkpointing": plan.checkpointing, "fits": fits, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+            "mfu": p.mfu, "step_ms": p.step_s * 1e3, "compute_ms": p.compute_s * 1e3,
+            "exposed_comm_ms": p.exposed_comm_s * 1e3, "bubble_ms": p.bubble_s * 1e3,
+            "peak_gib": p.memory["peak"] / GIB, "note": note}
+
+
+def _candidates(world: int) -> list[int]:
+    """Degrees to try: the divisors of the GPUs and the powers of two up to them."""
+    out = {d for d in range(1, world + 1) if world % d == 0}
+    k = 1
+    while k <= world:
+        out.add(k)
+        k *= 2
+    return sorted(out)
+
+
+def _micro_batch_sizes(rows: int) -> list[int]:
+    """Rows per micro-batch that split a rank's `rows`: the powers of two dividing it, and all of it."""
+    out = {rows}
+    k = 1
+    while k < rows:
+        if rows % k == 0:
+            out.add(k)
+        k *= 2
+    return sorted(out)
+
+
+def _fixed(toggles: dict, world: int) -> dict:
+    """The dimensions the given toggles fix: sharding, tp, pp (with schedule), checkpointing."""
+    from ..toggles.pipeline_parallel import parse as parse_pp
+    from ..toggles.tensor_parallel import parse as parse_tp
+
+    fixed: dict = {}
+    if "zero" in toggles:
+        fixed["sharding"] = str(toggles["zero"]) if toggles["zero"] is not True else "zero1"
+    elif "fsdp" in toggles or "ddp" in toggles:
+        fixed["sharding"] = "fsdp" if "fsdp" in toggles else "ddp"
+    if "tensor_parallel" in toggles:
+        fixed["tp"] = parse_tp(toggles["tensor_parallel"])[0]
+    if "pipeline_parallel" in toggles:
+        value = toggles["pipeline_parallel"]
+        schedule, _, stages = parse_pp("1f1b" if value is True else value)
+        fixed["schedule"] = schedule
+        if stages:
+            fixed["pp"] = stages
+    if "checkpointing" in toggles:
+        c = toggles["checkpointing"]
+        fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isdigit() else c)
+    return fixed
+
+
+def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None, batch_size: int | None = None,
+             seq_len: int | None = None, toggles=None, per_node: int | None = None, efficiency=None,
+             run_top: int = 0, run_steps: int = 6) -> PlanSearch:
+    """Search the parallel plans of `model` on `gpus` for a global batch of `batch_size` sequences of `seq_len`
+    tokens (default: one sequence per GPU), predict each with `predict`, drop those that do not fit
+    `budget_bytes_per_gpu` (default: the part's memory) with the reason, and rank the rest by predicted tokens/s
+    per GPU.  `toggles` are added to every plan (bf16, sdpa, ...); a parallel or checkpointing toggle among them
+    fixes that dimension instead of searching it.  `run_top=k` runs the k best plans for `run_steps` steps on the
+    ranks this machine starts (only where the plan's GPUs are this machine's: gpus='NxThis-cpu') and puts the
+    measured step beside the predicted one in `.measured`."""
+    start = time.perf_counter()
+    cluster = parse_gpus(gpus, per_node)
+    if str(gpus).strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
+        from .calibrate import this_cpu
+
+        this_cpu()
+    shape = shape_of(model)
+    world, node = cluster.count, cluster.per_node
+    base = _toggles(toggles)
+    fixed = _fixed(base, world)
+    base = {k: v for k, v in base.items() if k not in SEARCHED}
+    budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
+    batch = batch_size or world
+    refused: list[tuple[object, str]] = []
+    notes = ["context (sequence) parallel degrees are not searched: the cost model (scalekit/predict/step.py) has no "
+             "term for them, and tensor_parallel's sequence_parallel option is priced as plain tensor parallel"]
+    if batch_size is None:
+        notes.append(f"batch_size not given: a global batch of {batch} sequences, one per GPU")
+    if fixed:
+        notes.append("fixed by the toggles given: " + ", ".join(f"{k} {v}" for k, v in fixed.items()))
+
+    tps = []
+    for t in ([fixed["tp"]] if "tp" in fixed else _candidates(world)):
+        if world % t:
+            refused.append((f"tensor_parallel {t}", f"tensor_parallel {t} does not divide {world} GPUs"))
+        elif t > node or node % t:
+            refused.append((f"tensor_parallel {t}", f"tensor_parallel {t} does not divide the {node} GPUs of a node "
+                            f"(its all-reduces sit on the critical path: the search keeps them inside a node)"))
+        elif shape.n_head % t or shape.n_kv_head % t:
+            refused.append((f"tensor_parallel {t}", f"tensor_parallel {t} does not divide the model's {shape.n_head} "
+                            f"attention heads ({shape.n_kv_head} key/value heads): each rank takes whole heads"))
+        else:
+            tps.append(t)
+    pps = []
+    for p in ([fixed["pp"]] if "pp" in fixed else _candidates(world)):
+        if world % p:
+            refused.append((f"pipeline {p} stages", f"{p} pipeline stages do not divide {world} GPUs"))
+        elif shape.n_layer % p:
+            refused.append((f"pipeline {p} stages", f"{p} pipeline stages do not divide the model's "
+                            f"{shape.n_layer} layers"))
+        elif p == 1 and "schedule" in fixed:
+            continue
+        else:
+            pps.append(p)
+
+    considered = 0
+    fits: list[tuple[Plan, Prediction]] = []
+    for t in tps:
+        for p in pps:
+            if world % (t * p):
+                refused.append((f"tensor_parallel {t} × pipeline {p}", f"tensor_parallel {t} × pipeline stages {p} "
+                                f"= {t * p} does not divide {world} GPUs"))
+                continue
+            dp = world // (t * p)
+            if batch % dp:
+                refused.append((f"tensor_parallel {t} × pipeline {p} (data parallel {dp})",
+                                f"batch_size {batch} does not split into {dp} data-parallel ranks"))
+                continue
+            rows = batch // dp
+            shardings = [fixed["sharding"]] if "sharding" in fixed else (SHARDINGS if dp > 1 else ("none",))
+            schedules = [fixed.get("schedule", "1f1b")] if p > 1 and "schedule" in fixed else \
+                (SCHEDULES if p > 1 else (None,))
+            ckpts = [fixed["checkpointing"]] if "checkpointing" in fixed else CHECKPOINTING
+            for sharding in shardings:
+                for schedule in schedules:
+                    for ckpt in ckpts:
+                        for mbs in _micro_batch_sizes(rows):
+                            plan = Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs)
+                            considered += 1
+                            try:
+                                pred = predict(model, cluster, toggles=plan.toggles(base), batch_size=batch,
+                                               seq_len=seq_len, efficiency=efficiency)
+                            except ConfigError as e:
+                                refused.append((plan, str(e)))
+                                continue
+                            if pred.memory["peak"] > budget:
+                                refused.append((plan, _Unfit(_unfit(pred, budget), pred)))
+                            else:
+                                fits.append((plan, pred))
+    fits.sort(key=lambda pp_: (-pp_[1].tokens_per_s_per_gpu, pp_[1].memory["peak"], pp_[0].label))
+    ranked = [Ranked(plan, pred) for plan, pred in fits]
+    seq = ranked[0].prediction.seq_len if ranked else (seq_len or 0)
+    why = _explain(ranked, budget)
+    if not ranked:
+        why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {considered} plans predicted, the leanest "
+                   + (_leanest(refused) or "could not be predicted (see refused)"))
+    search = PlanSearch(shape.name if not isinstance(model, str) else model, cluster.describe(), batch, seq, budget,
+                        ranked, refused, why, notes, considered)
+    if run_top:
+        _run_top(search, model, cluster, base, run_top, run_steps)
+    search.seconds = time.perf_counter() - start
+    return search
+
+
+def _unfit(pred: Prediction, budget: float) -> str:
+    parts = sorted(((k, v) for k, v in pred.memory.items() if k != "peak"), key=lambda kv: -kv[1])
+    top = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in parts if v > 0)
+    return (f"does not fit: {pred.memory['peak'] / GIB:.1f} GiB per GPU over the budget of {budget / GIB:.1f} "
+            f"(by {(pred.memory['peak'] - budget) / GIB:.1f} GiB; {top} GiB)")
+
+
+def _leanest(refused) -> str:
+    unfit = [(p, r) for p, r in refused if isinstance(r, _Unfit)]
+    if not unfit:
+        return ""
+    plan, reason = min(unfit, key=lambda pr: pr[1].prediction.memory["peak"])
+    return f"{plan.label}: {reason}"
+
+
+def terms(pred: Prediction) -> dict[str, float]:
+    """The step's terms in seconds, summing to its step time: the compute parts, each collective's exposed time,
+    the bubble."""
+    out = {f"compute ({k})": v for k, v in pred.compute_parts.items()}
+    for c in pred.collectives:
+        key = f"exposed {c.name}"
+        out[key] = out.get(key, 0.0) + c.exposed_s
+    out["pipeline bubble"] = pred.bubble_s
+    return out
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms"
+
+
+def _against(term: str, mine: float, theirs: float) -> str:
+    """'2.10× the winner's <term> (x ms against y ms)' or 'x ms of <term> where the winner has none'."""
+    if theirs <= 0:
+        return f"{_ms(mine)} of {term} where the winner has none"
+    return f"{mine / theirs:.2f}× the winner's {term} ({_ms(mine)} against {_ms(theirs)})"
+
+
+def lacks(runner: Prediction, winner: Prediction) -> tuple[str, str]:
+    """(the term, a sentence): where `runner` loses most time against `winner`."""
+    mine, best = terms(runner), terms(winner)
+    diffs = {k: mine.get(k, 0.0) - best.get(k, 0.0) for k in set(mine) | set(best)}
+    term = max(sorted(diffs), key=lambda k: diffs[k])
+    if diffs[term] <= 0:
+        return "", "predicted as fast as the winner (ranked below it by its memory)"
+    share = runner.tokens_per_s_per_gpu / winner.tokens_per_s_per_gpu if winner.tokens_per_s_per_gpu else 0.0
+    return term, (f"{share:.0%} of the winner's tokens/s per GPU (step {_ms(runner.step_s)} against "
+                  f"{_ms(winner.step_s)}); it loses most on "
+                  + _against(term, mine.get(term, 0.0), best.get(term, 0.0)))
+
+
+def _explain(ranked: list[Ranked], budget: float) -> list[str]:
+    if not ranked:
+        return []
+    win = ranked[0]
+    w = win.prediction
+    mfu = f", MFU {100 * w.mfu:.1f}%" if w.mfu is not None else ""
+    fit = f"fits in {w.memory['peak'] / GIB:.1f} of {budget / GIB:.1f} GiB per GPU"
+    if len(ranked) == 1:
+        return [f"the winner, {win.plan.label}: {w.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{mfu}; the only plan "
+                f"that fits ({fit})"]
+    second = ranked[1].prediction
+    mine, theirs = terms(w), terms(second)
+    gains = {k: theirs.get(k, 0.0) - mine.get(k, 0.0) for k in set(mine) | set(theirs)}
+    term = max(sorted(gains), key=lambda k: gains[k])
+    lead = (w.tokens_per_s_per_gpu / second.tokens_per_s_per_gpu - 1) if second.tokens_per_s_per_gpu else 0.0
+    if gains[term] <= 0:
+        text = (f"the winner, {win.plan.label}: {w.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{mfu}; it ties with "
+                f"the runner-up, {ranked[1].plan.label}, and is ranked first by its smaller memory ({fit})")
+    else:
+        text = (f"the winner, {win.plan.label}: {w.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{mfu}, "
+                f"{lead:.{1 if lead >= 0.001 else 3}%} ahead of the runner-up, {ranked[1].plan.label}; it wins on {term}: "
+                f"{_ms(mine.get(term, 0.0))} against the runner-up's {_ms(theirs.get(term, 0.0))}")
+        cost_term = min(sorted(gains), key=lambda k: gains[k])
+        if gains[cost_term] < 0:
+            text += f", and pays {_ms(-gains[cost_term])} more of {cost_term} in return"
+        text += f" ({fit})"
+    out = [text]
+    for r in ranked[1:]:
+        r.lacks = lacks(r.prediction, w)[1]
+    out += [f"#{i} {r.plan.label}: {r.lacks}" for i, r in enumerate(ranked[1:10], 2)]
+    return out
+
+
+def _run_top(search: PlanSearch, model, cluster, base: dict, k: int, steps: int) -> None:
+    """Run the k best plans on this machine's ranks (gloo on the CPU) and record measured against predicted."""
+    if cluster.part.name != "this-cpu":
+        search.notes.append(f"run_top={k}: not run: the plans are for {cluster.describe()}, and only this machine's "
+                            f"ranks ('{cluster.count}xthis-cpu') can be started here")
+        return
+    if not isinstance(model, str):
+        search.notes.append(f"run_top={k}: not run: runs take a built-in preset by name")
+        return
+    from ..launch import launch_run
+    from ..training.config import RunConfig
+
+    for r in search.plans[:k]:
+        cfg = RunConfig(preset=model, toggles=r.plan.toggles(base), batch_size=search.batch_size,
+                        seq_len=search.seq_len, steps=steps, warmup_steps=2, threads=1, device="cpu")
+        try:
+            if cluster.count > 1:
+                result = launch_run(cfg, nprocs=cluster.count)
+            else:
+                from ..training.engine import run
+
+                result = run(cfg)
+        except Exception as e:  # a plan the run refuses: said beside the prediction
+            search.notes.append(f"run_top: {r.plan.label} did not run: {type(e).__name__}: {e}")
+            continue
+        measured = result.median_step_ms
+        if not measured:
+            search.notes.append(f"run_top: {r.plan.label} measured no step ({result.status}: {result.error})")
+            continue
+        predicted = r.prediction.step_s * 1e3
+        search.measured.append({"plan": r.plan.label, "toggles": r.plan.toggles(base), "predicted_ms": predicted,
+                                "measured_ms": measured, "ratio": predicted / measured})
+
+
+__all__ = ["plan_for", "PlanSearch", "Plan", "Ranked", "terms", "lacks"]
