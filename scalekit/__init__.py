@@ -10,8 +10,7 @@ from .inference.engine import generate
 from .inference.results import GenerateResult, compare_generations
 from .machine.hardware import detect
 from .plan import estimate
-from .predict import calibrate  # also the package: scalekit.predict(model, gpus=...)
-from .predict import plan_for
+from .predict import calibrate, plan_for  # also the package: scalekit.predict(model, gpus=...)
 from .toggles import TOGGLES
 from .training.batch_finder import find_batch_size
 from .training.build import build
