@@ -58,6 +58,7 @@ NO_COUNTERPART = {
     "scalekit launch": "starts a script in processes; builds no config (its flags are torchrun's)",
     "scalekit doctor": "reports the machine; builds no config",
     "scalekit predict": "predicts for GPUs that are not here (scalekit.predict); builds no config",
+    "scalekit plan-for": "ranks plans for GPUs that are not here (scalekit.plan_for); builds no config",
 }
 
 

@@ -463,7 +463,8 @@ def cmd_tune(args, stop) -> int:
 
 COMMANDS = {"tune": cmd_tune, "ladder": cmd_ladder, "bench": cmd_bench, "launch": cmd_launch, "plan": cmd_plan,
             "doctor": cmd_doctor, "toggles": cmd_toggles, "generate": cmd_generate,
-            "export": cmd_export, "predict": predict_command.run}
+            "export": cmd_export, "predict": predict_command.run,
+            "plan-for": predict_command.run_plan}
 
 
 def program() -> int:

@@ -96,6 +96,7 @@ def _parser(toggle_names: tuple[str, ...], ladder_kinds: tuple[str, ...]) -> arg
     _tune_command(sub)
     launch_commands.add_parser(sub)
     predict_command.add_parser(sub)
+    predict_command.add_plan_parser(sub)
     sub.add_parser("doctor", help="device facts, peak FLOP/s for MFU, what works here")
     tog = sub.add_parser("toggles", help="list every toggle with its summary and cost; NAME: its explainer and code")
     tog.add_argument("name", nargs="?", default=None, metavar="NAME",

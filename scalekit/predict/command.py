@@ -37,3 +37,40 @@ def run(args, stop=None) -> int:
                 per_node=args.per_node)
     print(p.table())
     return 0
+
+
+def add_plan_parser(sub) -> argparse.ArgumentParser:
+    """`scalekit plan-for MODEL --gpus 64xH100-SXM [--budget-gb N] [--batch-size B] [--seq-len T] [--toggle ...]`."""
+    from .shapes import PUBLIC
+
+    p = sub.add_parser("plan-for", help="rank the parallel plans of MODEL on GPUS by predicted tokens/s per GPU",
+                       description="Predict every parallel plan of MODEL on GPUS (DDP, FSDP, ZeRO-1/2, tensor and "
+                                   "pipeline degrees, schedules, micro-batches, checkpointing), refuse those that "
+                                   "do not fit with their numbers, rank the rest by tokens/s per GPU, and say why "
+                                   "the winner wins and what each runner-up lacks.")
+    p.add_argument("model", metavar="MODEL", help=f"a public shape ({', '.join(PUBLIC)}) or a built-in preset")
+    p.add_argument("--gpus", default="8xH100-SXM", metavar="NxPART", help="COUNTxPART, nodes of 8; default 8xH100-SXM")
+    p.add_argument("--per-node", type=int, default=None, metavar="N", help="GPUs per node (default 8)")
+    p.add_argument("--budget-gb", type=float, default=None, metavar="GIB",
+                   help="memory budget per GPU in GiB (default: the part's memory)")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="added to every plan (bf16, sdpa, ...); a parallel or checkpointing toggle fixes that "
+                        "dimension instead of searching it; repeatable")
+    p.add_argument("--batch-size", type=int, default=None, help="the global batch in sequences (default: one per GPU)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--top", type=int, default=15, help="rows of the table to print (default 15)")
+    return p
+
+
+def run_plan(args, stop=None) -> int:
+    from .search import plan_for
+
+    toggles = {}
+    for t in args.toggle:
+        name, _, value = t.partition("=")
+        toggles[name] = (int(value) if value.isdigit() else value) if value else True
+    budget = args.budget_gb * 2**30 if args.budget_gb is not None else None
+    s = plan_for(args.model, args.gpus, budget_bytes_per_gpu=budget, batch_size=args.batch_size,
+                 seq_len=args.seq_len, toggles=toggles, per_node=args.per_node)
+    print(s.table(top=args.top))
+    return 0 if s.plans else 1

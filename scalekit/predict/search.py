@@ -150,10 +150,12 @@ class PlanSearch:
         degrees = [(p, r) for p, r in self.refused if not isinstance(p, Plan)]
         if degrees:
             lines += ["skipped:"] + [f"- {p}: {r}" for p, r in degrees]
-        unfit = [(p, r) for p, r in self.refused if isinstance(p, Plan)]
+        unfit = [(p, r) for p, r in self.refused if isinstance(r, _Unfit)]
         if unfit:
-            lines.append(f"{len(unfit)} plans do not fit or do not split the batch; the first: {unfit[0][0]}: "
-                         f"{unfit[0][1]}")
+            lines.append(f"{len(unfit)} plans do not fit; the closest: {_leanest(unfit)}")
+        other = [(p, r) for p, r in self.refused if isinstance(p, Plan) and not isinstance(r, _Unfit)]
+        if other:
+            lines.append(f"{len(other)} plans refused by predict; the first: {other[0][0]}: {other[0][1]}")
         for m in self.measured:
             lines.append(f"measured: {m['plan']}: predicted {m['predicted_ms']:.1f} ms/step, measured "
                          f"{m['measured_ms']:.1f} ms ({m['ratio']:.2f}×)")
@@ -240,23 +242,25 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     ranks this machine starts (only where the plan's GPUs are this machine's: gpus='NxThis-cpu') and puts the
     measured step beside the predicted one in `.measured`."""
     start = time.perf_counter()
-    cluster = parse_gpus(gpus, per_node)
-    if str(gpus).strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
+    if isinstance(gpus, str) and gpus.strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
         from .calibrate import this_cpu
 
-        this_cpu()
+        this_cpu()  # measured on first use, as predict does
+    cluster = parse_gpus(gpus, per_node)
     shape = shape_of(model)
     world, node = cluster.count, cluster.per_node
     base = _toggles(toggles)
     fixed = _fixed(base, world)
     base = {k: v for k, v in base.items() if k not in SEARCHED}
     budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
-    batch = batch_size or world
+    preset = _preset(model, shape)
+    batch = batch_size or (preset.batch_size if preset else world)
     refused: list[tuple[object, str]] = []
     notes = ["context (sequence) parallel degrees are not searched: the cost model (scalekit/predict/step.py) has no "
              "term for them, and tensor_parallel's sequence_parallel option is priced as plain tensor parallel"]
     if batch_size is None:
-        notes.append(f"batch_size not given: a global batch of {batch} sequences, one per GPU")
+        notes.append(f"batch_size not given: a global batch of {batch} sequences"
+                     + (f", the preset {model}'s" if preset else ", one per GPU"))
     if fixed:
         notes.append("fixed by the toggles given: " + ", ".join(f"{k} {v}" for k, v in fixed.items()))
 
@@ -331,6 +335,12 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
         _run_top(search, model, cluster, base, run_top, run_steps)
     search.seconds = time.perf_counter() - start
     return search
+
+
+def _preset(model, shape):
+    from ..models.presets import PRESETS
+
+    return PRESETS.get(model) if isinstance(model, str) and shape.source.startswith("scalekit") else None
 
 
 def _unfit(pred: Prediction, budget: float) -> str:

@@ -284,8 +284,9 @@ def _ops(model, toggles, shape) -> int:
     preset = model if isinstance(model, str) else getattr(model, "preset", None)
     if not shape.source.startswith("scalekit") or preset is None:
         return 0
+    # per micro-batch: the caller multiplies by the micro-batches (gradient accumulation's steps included)
     local = {k: v for k, v in toggles.items() if k not in ("ddp", "fsdp", "zero", "tensor_parallel",
-                                                           "pipeline_parallel")}
+                                                           "pipeline_parallel", "grad_accum")}
     return count_step_ops(preset, tuple(sorted((k, str(v)) for k, v in local.items())))
 
 
