@@ -207,7 +207,7 @@ def _micro_batch_sizes(rows: int) -> list[int]:
     return sorted(out)
 
 
-def _fixed(toggles: dict, world: int) -> dict:
+def _fixed(toggles: dict) -> dict:
     """The dimensions the given toggles fix: sharding, tp, pp (with schedule), checkpointing."""
     from ..toggles.pipeline_parallel import parse as parse_pp
     from ..toggles.tensor_parallel import parse as parse_tp
@@ -248,14 +248,42 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
         this_cpu()  # measured on first use, as predict does
     cluster = parse_gpus(gpus, per_node)
     shape = shape_of(model)
-    world, node = cluster.count, cluster.per_node
     base = _toggles(toggles)
-    fixed = _fixed(base, world)
+    fixed = _fixed(base)
     base = {k: v for k, v in base.items() if k not in SEARCHED}
     budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
     preset = _preset(model, shape)
-    batch = batch_size or (preset.batch_size if preset else world)
+    batch = batch_size or (preset.batch_size if preset else cluster.count)
     refused: list[tuple[object, str]] = []
+    plans = _plans(cluster, shape, batch, fixed, refused)
+    fits = []
+    for plan in plans:
+        try:
+            pred = predict(model, cluster, toggles=plan.toggles(base), batch_size=batch, seq_len=seq_len,
+                           efficiency=efficiency)
+        except ConfigError as e:
+            refused.append((plan, str(e)))
+            continue
+        if pred.memory["peak"] > budget:
+            refused.append((plan, _Unfit(_unfit(pred, budget), pred)))
+        else:
+            fits.append((plan, pred))
+    fits.sort(key=lambda pp_: (-pp_[1].tokens_per_s_per_gpu, pp_[1].memory["peak"], pp_[0].label))
+    ranked = [Ranked(plan, pred) for plan, pred in fits]
+    why = _explain(ranked, budget)
+    if not ranked:
+        why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {len(plans)} plans predicted, the leanest "
+                   + (_leanest(refused) or "could not be predicted (see refused)"))
+    search = PlanSearch(shape.name if not isinstance(model, str) else model, cluster.describe(), batch,
+                        ranked[0].prediction.seq_len if ranked else (seq_len or 0), budget, ranked, refused, why,
+                        _notes(model, batch_size, batch, preset, fixed), len(plans))
+    if run_top:
+        _run_top(search, model, cluster, base, run_top, run_steps)
+    search.seconds = time.perf_counter() - start
+    return search
+
+
+def _notes(model, batch_size, batch, preset, fixed) -> list[str]:
     notes = ["context (sequence) parallel degrees are not searched: the cost model (scalekit/predict/step.py) has no "
              "term for them, and tensor_parallel's sequence_parallel option is priced as plain tensor parallel"]
     if batch_size is None:
@@ -263,8 +291,12 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
                      + (f", the preset {model}'s" if preset else ", one per GPU"))
     if fixed:
         notes.append("fixed by the toggles given: " + ", ".join(f"{k} {v}" for k, v in fixed.items()))
+    return notes
 
-    tps = []
+
+def _tensor_degrees(cluster, shape, fixed: dict, refused: list) -> list[int]:
+    """The tensor-parallel degrees that divide the GPUs, a node's GPUs and the heads; the others refused."""
+    world, node, out = cluster.count, cluster.per_node, []
     for t in ([fixed["tp"]] if "tp" in fixed else _candidates(world)):
         if world % t:
             refused.append((f"tensor_parallel {t}", f"tensor_parallel {t} does not divide {world} GPUs"))
@@ -275,21 +307,29 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
             refused.append((f"tensor_parallel {t}", f"tensor_parallel {t} does not divide the model's {shape.n_head} "
                             f"attention heads ({shape.n_kv_head} key/value heads): each rank takes whole heads"))
         else:
-            tps.append(t)
-    pps = []
+            out.append(t)
+    return out
+
+
+def _pipeline_degrees(cluster, shape, fixed: dict, refused: list) -> list[int]:
+    """The pipeline degrees that divide the GPUs and the layers; the others refused."""
+    world, out = cluster.count, []
     for p in ([fixed["pp"]] if "pp" in fixed else _candidates(world)):
         if world % p:
             refused.append((f"pipeline {p} stages", f"{p} pipeline stages do not divide {world} GPUs"))
         elif shape.n_layer % p:
             refused.append((f"pipeline {p} stages", f"{p} pipeline stages do not divide the model's "
                             f"{shape.n_layer} layers"))
-        elif p == 1 and "schedule" in fixed:
-            continue
-        else:
-            pps.append(p)
+        elif not (p == 1 and "schedule" in fixed):  # a pipeline toggle given: pipelines only
+            out.append(p)
+    return out
 
-    considered = 0
-    fits: list[tuple[Plan, Prediction]] = []
+
+def _plans(cluster, shape, batch: int, fixed: dict, refused: list) -> list[Plan]:
+    """Every plan of the degrees that divide, each sharding, schedule, checkpointing and micro-batch size."""
+    world, out = cluster.count, []
+    tps = _tensor_degrees(cluster, shape, fixed, refused)
+    pps = _pipeline_degrees(cluster, shape, fixed, refused)
     for t in tps:
         for p in pps:
             if world % (t * p):
@@ -306,35 +346,9 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
             schedules = [fixed.get("schedule", "1f1b")] if p > 1 and "schedule" in fixed else \
                 (SCHEDULES if p > 1 else (None,))
             ckpts = [fixed["checkpointing"]] if "checkpointing" in fixed else CHECKPOINTING
-            for sharding in shardings:
-                for schedule in schedules:
-                    for ckpt in ckpts:
-                        for mbs in _micro_batch_sizes(rows):
-                            plan = Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs)
-                            considered += 1
-                            try:
-                                pred = predict(model, cluster, toggles=plan.toggles(base), batch_size=batch,
-                                               seq_len=seq_len, efficiency=efficiency)
-                            except ConfigError as e:
-                                refused.append((plan, str(e)))
-                                continue
-                            if pred.memory["peak"] > budget:
-                                refused.append((plan, _Unfit(_unfit(pred, budget), pred)))
-                            else:
-                                fits.append((plan, pred))
-    fits.sort(key=lambda pp_: (-pp_[1].tokens_per_s_per_gpu, pp_[1].memory["peak"], pp_[0].label))
-    ranked = [Ranked(plan, pred) for plan, pred in fits]
-    seq = ranked[0].prediction.seq_len if ranked else (seq_len or 0)
-    why = _explain(ranked, budget)
-    if not ranked:
-        why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {considered} plans predicted, the leanest "
-                   + (_leanest(refused) or "could not be predicted (see refused)"))
-    search = PlanSearch(shape.name if not isinstance(model, str) else model, cluster.describe(), batch, seq, budget,
-                        ranked, refused, why, notes, considered)
-    if run_top:
-        _run_top(search, model, cluster, base, run_top, run_steps)
-    search.seconds = time.perf_counter() - start
-    return search
+            out += [Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs) for sharding in shardings
+                    for schedule in schedules for ckpt in ckpts for mbs in _micro_batch_sizes(rows)]
+    return out
 
 
 def _preset(model, shape):
