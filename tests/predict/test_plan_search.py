@@ -130,3 +130,8 @@ def test_a_presets_operator_count_is_per_micro_batch():
 
     shape = shape_of("tiny")
     assert _ops("tiny", {"ddp": True, "grad_accum": 4}, shape) == _ops("tiny", {}, shape) > 0
+
+
+def test_run_top_runs_only_where_the_plans_gpus_are_this_machines():
+    s = plan_for("llama3-8b", "8xH100-SXM", batch_size=16, seq_len=4096, toggles=BF16, run_top=2)
+    assert not s.measured and any("run_top=2: not run" in n and "'8xthis-cpu'" in n for n in s.notes)
