@@ -39,6 +39,12 @@ def run(args, stop=None) -> int:
     return 0
 
 
+def _toggle_arg(text: str) -> tuple[str, object]:
+    """'NAME=VALUE' as (name, value): a whole number as an int, no value as True (the --toggle of the other commands)."""
+    name, _, value = text.partition("=")
+    return name, (int(value) if value.isdigit() else value) if value else True
+
+
 def add_plan_parser(sub) -> argparse.ArgumentParser:
     """`scalekit plan-for MODEL --gpus 64xH100-SXM [--budget-gb N] [--batch-size B] [--seq-len T] [--toggle ...]`."""
     from .shapes import PUBLIC
@@ -53,7 +59,7 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--per-node", type=int, default=None, metavar="N", help="GPUs per node (default 8)")
     p.add_argument("--budget-gb", type=float, default=None, metavar="GIB",
                    help="memory budget per GPU in GiB (default: the part's memory)")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME[=VALUE]",
+    p.add_argument("--toggle", action="append", default=[], type=_toggle_arg, metavar="NAME[=VALUE]",
                    help="added to every plan (bf16, sdpa, ...); a parallel or checkpointing toggle fixes that "
                         "dimension instead of searching it; repeatable")
     p.add_argument("--batch-size", type=int, default=None, help="the global batch in sequences (default: one per GPU)")
@@ -65,10 +71,7 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
 def run_plan(args, stop=None) -> int:
     from .search import plan_for
 
-    toggles = {}
-    for t in args.toggle:
-        name, _, value = t.partition("=")
-        toggles[name] = (int(value) if value.isdigit() else value) if value else True
+    toggles = dict(args.toggle)
     budget = args.budget_gb * 2**30 if args.budget_gb is not None else None
     s = plan_for(args.model, args.gpus, budget_bytes_per_gpu=budget, batch_size=args.batch_size,
                  seq_len=args.seq_len, toggles=toggles, per_node=args.per_node)
