@@ -239,7 +239,7 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     `budget_bytes_per_gpu` (default: the part's memory) with the reason, and rank the rest by predicted tokens/s
     per GPU.  `toggles` are added to every plan (bf16, sdpa, ...); a parallel or checkpointing toggle among them
     fixes that dimension instead of searching it.  `run_top=k` runs the k best plans for `run_steps` steps on the
-    ranks this machine starts (only where the plan's GPUs are this machine's: gpus='NxThis-cpu') and puts the
+    ranks this machine starts (only where the plan's GPUs are this machine's: gpus='Nxthis-cpu') and puts the
     measured step beside the predicted one in `.measured`."""
     start = time.perf_counter()
     if isinstance(gpus, str) and gpus.strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
@@ -433,6 +433,8 @@ def _explain(ranked: list[Ranked], budget: float) -> list[str]:
         if gains[cost_term] < 0:
             text += f", and pays {_ms(-gains[cost_term])} more of {cost_term} in return"
         text += f" ({fit})"
+        if lead < 0.01:
+            text += "; a lead under 1% is well inside the cost model's error: in practice the two tie"
     out = [text]
     for r in ranked[1:]:
         r.lacks = lacks(r.prediction, w)[1]
