@@ -346,8 +346,13 @@ def _plans(cluster, shape, batch: int, fixed: dict, refused: list) -> list[Plan]
             schedules = [fixed.get("schedule", "1f1b")] if p > 1 and "schedule" in fixed else \
                 (SCHEDULES if p > 1 else (None,))
             ckpts = [fixed["checkpointing"]] if "checkpointing" in fixed else CHECKPOINTING
-            out += [Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs) for sharding in shardings
-                    for schedule in schedules for ckpt in ckpts for mbs in _micro_batch_sizes(rows)]
+            for plan in (Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs) for sharding in shardings
+                         for schedule in schedules for ckpt in ckpts for mbs in _micro_batch_sizes(rows)):
+                if plan.pp > plan.micro_batches:
+                    refused.append((plan, f"{plan.micro_batches} micro-batches for {plan.pp} pipeline stages: "
+                                    f"torch's pipeline schedules need at least one micro-batch per stage"))
+                else:
+                    out.append(plan)
     return out
 
 

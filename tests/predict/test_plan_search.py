@@ -28,8 +28,14 @@ def test_plan_for_is_exported_beside_predict():
 
 def test_the_plans_are_ranked_by_predicted_tokens_per_s_per_gpu_each_as_predict_says(llama8b):
     s = llama8b
+    per_stage = [(p, r) for p, r in s.refused if isinstance(p, Plan) and "one micro-batch per stage" in r]
     assert isinstance(s, PlanSearch) and len(s.plans) > 10 and s.considered == len(s.plans) + sum(
-        isinstance(p, Plan) for p, _ in s.refused)
+        isinstance(p, Plan) for p, _ in s.refused) - len(per_stage)
+    # torch's pipeline schedules refuse fewer micro-batches than stages: so does the search, with the numbers
+    assert per_stage and all(p.micro_batches < p.pp for p, _ in per_stage)
+    assert per_stage[0][1].startswith(f"{per_stage[0][0].micro_batches} micro-batches for {per_stage[0][0].pp} "
+                                      f"pipeline stages")
+    assert all(r.plan.micro_batches >= r.plan.pp for r in s.plans)
     speeds = [r.tokens_per_s_per_gpu for r in s.plans]
     assert speeds == sorted(speeds, reverse=True)
     for r in s.plans[:3] + s.plans[-2:]:  # each figure is predict's for the plan's toggles
