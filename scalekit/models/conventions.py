@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import inspect
 import weakref
 from typing import Any
@@ -200,6 +201,11 @@ def built_class(factory) -> type | None:
         built = None
     # a function that returns no module: the build refuses it, naming GenerateConfig.model
     cls = type(built) if isinstance(built, torch.nn.Module) else None
+    if cls is not None:  # the probe goes now, even a model in a reference cycle (a hook's closure holding it):
+        probe = weakref.ref(built)  # a run freezes the heap older than it, so no later collection would free it
+        del built
+        if probe() is not None:
+            gc.collect()
     with contextlib.suppress(TypeError):
         _BUILT_CLASSES[factory] = cls
     return cls

@@ -4,6 +4,22 @@ on the command line (the parser's part and the command; scalekit/cli registers t
 from __future__ import annotations
 
 import argparse
+import re
+
+from ..errors import ConfigError
+
+# predict's and plan_for's arguments as the command line spells them, for the refusals that name them
+FLAG_OF = {"gpus": "--gpus", "per_node": "--per-node", "batch_size": "--batch-size", "seq_len": "--seq-len",
+           "budget_bytes_per_gpu": "--budget-gb", "toggles": "--toggle"}
+
+
+def said_as_flags(exc: ConfigError) -> ConfigError:
+    """The refusal with each argument it names (`gpus=...`) written as its flag (`--gpus ...`)."""
+    words = re.sub(r"\b(" + "|".join(FLAG_OF) + r")=", lambda m: FLAG_OF[m.group(1)] + " ", str(exc))
+    words = re.sub(r"(?<![\w-])(" + "|".join(FLAG_OF) + r")\b", lambda m: FLAG_OF[m.group(1)], words)
+    if words.startswith("unknown part"):  # a part is only ever named by --gpus
+        words = f"--gpus: {words}"
+    return ConfigError(words)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -33,8 +49,11 @@ def run(args, stop=None) -> int:
     for t in args.toggle:
         name, _, value = t.partition("=")
         toggles[name] = (int(value) if value.isdigit() else value) if value else True
-    p = predict(args.model, args.gpus, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
-                per_node=args.per_node)
+    try:
+        p = predict(args.model, args.gpus, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
+                    per_node=args.per_node)
+    except ConfigError as exc:
+        raise said_as_flags(exc) from None
     print(p.table())
     return 0
 
@@ -73,7 +92,10 @@ def run_plan(args, stop=None) -> int:
 
     toggles = dict(args.toggle)
     budget = args.budget_gb * 2**30 if args.budget_gb is not None else None
-    s = plan_for(args.model, args.gpus, budget_bytes_per_gpu=budget, batch_size=args.batch_size,
-                 seq_len=args.seq_len, toggles=toggles, per_node=args.per_node)
+    try:
+        s = plan_for(args.model, args.gpus, budget_bytes_per_gpu=budget, batch_size=args.batch_size,
+                     seq_len=args.seq_len, toggles=toggles, per_node=args.per_node)
+    except ConfigError as exc:
+        raise said_as_flags(exc) from None
     print(s.table(top=args.top))
     return 0 if s.plans else 1

@@ -222,7 +222,8 @@ def test_accepted_generate_configs_build_and_generate(data):
 # -- every flag of every command --------------------------------------------------------------------------------
 # each command with what comes before its flags; ladder inference and tune --generate take other paths
 COMMANDS = [("bench", []), ("plan", []), ("ladder", []), ("ladder", ["inference"]), ("export", ["hf"]),
-            ("generate", []), ("tune", []), ("tune", ["--generate"]), ("launch", []), ("toggles", [])]
+            ("generate", []), ("tune", []), ("tune", ["--generate"]), ("launch", []), ("toggles", []),
+            ("predict", ["gpt2-124m"]), ("plan-for", ["gpt2-124m"])]
 
 
 def flags() -> list[tuple[str, list[str], argparse.Action]]:
