@@ -78,6 +78,7 @@ class AtScale:
     def __init__(self, model="llama3-8b", gpus: str = "8xH100-SXM", toggles=None, batch_size: int = 8,
                  seq_len: int = 1024, lab=None):
         self.lab = lab
+        self._refreshing = False  # a refresh that changes a control (the parts offered) does not start another
         self.prediction = None  # the Prediction shown, or None while a refusal is
         self.refusal = ""  # the sentence predict refused the controls' choice with ("" when it did not)
         self.local = None  # (measured result, its Prediction on this-cpu or None, what is said of them)
@@ -145,6 +146,19 @@ class AtScale:
 
     def refresh(self) -> None:
         """Predict the controls' choice again and redraw; read the Lab's latest result again."""
+        if self._refreshing:
+            return
+        self._refreshing = True
+        try:
+            self._refresh()
+        finally:
+            self._refreshing = False
+
+    def _refresh(self) -> None:
+        if set(self.part.options) != set(PARTS):  # a part registered since (this-cpu, by calibrate()): offered too
+            chosen = self.part.value
+            self.part.options = sorted(PARTS)
+            self.part.value = chosen if chosen in PARTS else self.part.options[0]
         try:
             self.prediction = predict(self.model.value, self.gpus(), toggles=self.toggles(),
                                       batch_size=self.batch_size.value, seq_len=self.seq_len.value)
@@ -186,7 +200,7 @@ class AtScale:
                                   f"{html.escape(pred.verdict())}</span> — step {pred.step_s * 1e3:,.1f} ms, "
                                   f"{pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {mfu}; "
                                   f"{html.escape(pred.gpus)}")
-            self.assumptions.value = ("<details><summary>assumptions</summary><ul>"
+            self.assumptions.value = ("<details open><summary>assumptions</summary><ul>"
                                       + "".join(f"<li>{html.escape(a)}</li>" for a in pred.assumptions)
                                       + "</ul></details>")
 

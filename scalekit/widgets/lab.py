@@ -267,7 +267,10 @@ class Lab(Runner):
         self._show_memory()
         self._show_step_time()
         for view in self._at_scale_views:  # the at-scale views: the latest run measured beside their prediction
-            view.refresh()
+            try:
+                view.refresh()
+            except Exception as exc:  # a view that cannot redraw says so; the run's own figures stand
+                self._say(f"The at-scale view could not redraw: {type(exc).__name__}: {exc}", error=True)
 
     def _snapshot_figures(self) -> list:
         """The live plots, the bars of time and memory per step and autotune's scatter, where they have points."""

@@ -103,6 +103,7 @@ def test_a_labs_latest_run_is_measured_beside_the_prediction(monkeypatch):
     # run predicted on it, beside the measurement
     monkeypatch.setitem(PARTS, "this-cpu", dataclasses.replace(PARTS["H100-SXM"], name="this-cpu"))
     lab._show_result(result)  # what the Lab does after each run: its at-scale views redrawn
+    assert "this-cpu" in view.part.options and view.part.value == "H100-SXM"  # the part registered since, offered
     local = predict(lab.config().resolve(lab.hw), "1xthis-cpu")
     assert f"step {local.step_s * 1e3:,.2f} ms" in view.measured.value and "(calibrated)" in view.measured.value
     assert [t.x[0] for t in view.timeline.data if t.y[0] == "predicted here"] == pytest.approx([local.step_s * 1e3])
