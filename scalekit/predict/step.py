@@ -324,7 +324,7 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, t
     out.append("per GPU, tokens count once per tensor-parallel group and pipeline; data loading is taken as hidden")
     if lay.dp > 1 and lay.sharding == "none":
         out.append(f"no data-parallel toggle: the {lay.dp} data-parallel groups split the batch but nothing "
-                   f"synchronises their gradients (as a scalekit run with these toggles does): add fsdp (or ddp)")
+                   f"synchronises their gradients (a scalekit run refuses these toggles on these ranks): add fsdp (or ddp)")
     if unmodelled(toggles):
         out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
                    f"the memory figure still comes from the planner where it is scalekit.estimate's)")

@@ -230,6 +230,24 @@ def mesh_dims(toggles: dict) -> dict[str, int | None]:
     return dims
 
 
+def replicas_in_step(toggles: dict, shape: tuple[int, int, int], world: int) -> None:
+    """Refuse (ConfigError, naming the numbers) a mesh of `shape` (pipeline stages, data-parallel ranks, tensor-parallel
+    degree: sharding.mesh_shape) over `world` ranks whose data-parallel dimension holds several copies of the model
+    while none of `toggles` averages their gradients (Toggle.averages_gradients): each copy would train on its share
+    of the batch alone and drift from the others, so the run's figures would not be one model's."""
+    pp, dp, tp = shape
+    if dp == 1 or any(TOGGLES[name].averages_gradients for name in toggles):
+        return
+    sizes = " × ".join(f"{name}={toggles[name]}" for name in toggles if TOGGLES[name].mesh_dims(toggles[name]))
+    barred = {b for a, b, _ in exclusions() if a in toggles} | {a for a, b, _ in exclusions() if b in toggles}
+    averaging = [t.name for t in ORDER if t.averages_gradients and t.name not in barred]
+    instead = f"turn {averaging[0]}{f' (or {averaging[1]})' if len(averaging) > 1 else ''} on too, or " \
+        if averaging else ""
+    raise ConfigError(f"{sizes} on {world} ranks leaves {dp} data-parallel replicas that nothing keeps in step (each "
+                      f"trains on its share of the batch, their gradients never averaged): {instead}launch "
+                      f"{pp * tp} ranks")
+
+
 def plan_facts(toggles: dict, world_size: int = 1, mesh: tuple[int, int, int] | None = None) -> PlanFacts:
     """What `toggles` change in a training step, as each says it (Toggle.plan), for a run over `world_size` ranks
     laid out as `mesh` (pipeline stages, data-parallel ranks, tensor-parallel degree: parallel.mesh_shape)."""
@@ -247,6 +265,6 @@ def needs_process_group(toggles) -> bool:
 
 
 __all__ = ["ORDER", "TOGGLES", "register", "unregister", "normalise", "exclusions", "requirements", "check_combination", "plan_facts",
-           "mesh_dims",
+           "mesh_dims", "replicas_in_step",
            "apply_toggles", "needs_process_group", "Toggle", "Tune", "PlanFacts", "Spelling", "BuildContext",
            "OptimizerStep", "PHASES", "LOOPS", "LOOP_WORDS", "GROUPS", "KINDS"]

@@ -194,6 +194,9 @@ class Toggle:
     choices: tuple | None = None  # None: on/off; else the allowed modes, the first being the default
     gpt_only: bool = False  # changes the built-in GPT's architecture: another model needs an adapter that can
     needs_process_group: bool = False  # the run must join a process group before it is built (ddp, fsdp)
+    # keeps the data-parallel ranks' copies of the model in step, averaging their gradients (ddp, fsdp, zero,
+    # deepspeed): a mesh whose 'dp' dimension holds several replicas needs one of these on (replicas_in_step)
+    averages_gradients: bool = False
     changes_weights: bool = False  # replaces the model's weights (quantization): never on a model in training
     # trains only a few weights it adds or picks (adapters, the head alone), the rest frozen: fine-tuning gives such
     # a run its own learning rate (scalekit.training.finetune.ADAPTER_LR)

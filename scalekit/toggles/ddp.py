@@ -17,6 +17,7 @@ class DDP(Toggle):
     kind = "runtime"
     phase = "wrap"
     needs_process_group = True  # the engine joins (or creates) the process group before building
+    averages_gradients = True
 
     def available(self, hw) -> tuple[bool, str]:
         return available_with_ranks("DDP")

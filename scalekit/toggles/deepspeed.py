@@ -23,6 +23,7 @@ class DeepSpeed(Toggle):
     phase = "step"  # wraps the model and the optimizer scalekit built, after accumulation is known
     choices = MODES
     needs_process_group = True
+    averages_gradients = True
     excludes = {
         "ddp": "DeepSpeed does its own data parallelism: pick one",
         "fsdp": "both shard the training state: pick one",

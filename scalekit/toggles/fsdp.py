@@ -23,6 +23,7 @@ class FSDP(Toggle):
     kind = "memory"
     phase = "wrap"
     needs_process_group = True
+    averages_gradients = True
     excludes = {"ddp": "both spread training over ranks: DDP replicates the model, FSDP shards it; pick one"}
 
     def available(self, hw) -> tuple[bool, str]:

@@ -3,6 +3,7 @@
 The degree is the 'tp' dimension of the run's one device mesh (parallel.mesh_shape, checked against the ranks
 before anything is built): consecutive ranks split each block.  With fsdp on too, the ranks left over form its
 data-parallel dimension, which fsdp (after this toggle in ORDER) shards over — torchtitan's order (TP, then FSDP).
+Without fsdp, ranks left over would be replicas nothing keeps in step: refused (toggles.replicas_in_step).
 With pipeline_parallel too (3-D), the pipeline (before this toggle in ORDER) has split the model into stages
 already: this toggle splits the blocks of this rank's stages (BuildContext.blocks), as torchtitan does.
 

@@ -27,6 +27,7 @@ class Zero(Toggle):
     phase = "wrap"
     choices = MODES
     needs_process_group = True
+    averages_gradients = True
     excludes = {
         "ddp": "zero1 is DDP with the optimizer state split (zero2 is FSDP2): pick one",
         "fsdp": "fsdp is ZeRO-3 (weights split too): pick one stage",

@@ -31,7 +31,7 @@ from ..hf.family_of import model_adapter, toggle_family
 from ..hf.tokenizer_of import no_tokenizer
 from ..models.import_spec import import_named_code
 from ..models.presets import CPU_DEFAULT_PRESET, GPU_DEFAULT_PRESET, PRESETS
-from ..toggles import TOGGLES, check_combination, mesh_dims, normalise
+from ..toggles import TOGGLES, check_combination, mesh_dims, normalise, replicas_in_step
 
 PRESET_NAMES = ("auto", *PRESETS)
 
@@ -309,12 +309,14 @@ class RunConfig:
 
     def check_ranks(self, world: int) -> None:
         """Refused (ConfigError, naming every number) when the parallel toggles' one mesh cannot be laid over
-        `world` ranks: the check each rank's build makes (parallel.mesh_shape), made before any rank starts."""
+        `world` ranks: the check each rank's build makes (parallel.mesh_shape), made before any rank starts; and
+        when the mesh leaves several data-parallel replicas that no toggle keeps in step (toggles.replicas_in_step:
+        tensor_parallel=2 alone on 4 ranks)."""
         dims = mesh_dims(self.toggles)
         if not dims:
             return
         try:
-            mesh_shape(dims, world)
+            replicas_in_step(self.toggles, mesh_shape(dims, world), world)
         except ConfigError as exc:
             raise ConfigError(f"RunConfig.toggles: {exc}") from None
 

@@ -67,6 +67,7 @@ def run(config: RunConfig, on_step: StepCallback | None = None, on_status: Statu
         # first on the stack, so destroyed last: after the toggles released their DDP/FSDP models
         if needs_process_group(cfg.toggles):
             group = runtime.setup(hw, stack, cfg.batch_size)
+            cfg.check_ranks(runtime.world_size())  # in each rank too, however it was launched: replicas kept in step
         result = _build_and_measure(cfg, hw, stack, group, result, on_step, stop, status)
     status(f"{cfg.label}: {result.status}")
     return result

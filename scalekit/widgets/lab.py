@@ -87,6 +87,7 @@ class Lab(Runner):
         self.default_batch_size = self.base_config.resolve(self.hw).batch_size
         self._steps_seen = 0
         self._steps_total = 0
+        self._at_scale_views: list = []  # the views Lab.at_scale made: redrawn after each run
         self._make_controls(steps)
         self._make_views()
         self._connect()
@@ -161,6 +162,21 @@ class Lab(Runner):
         if cfg.batch_size != self.default_batch_size:
             label += f" (batch {cfg.batch_size})"
         return dataclasses.replace(cfg, label=label)
+
+    def at_scale(self, gpus: str = "8xH100-SXM", toggles=None, batch_size: int | None = None,
+                 seq_len: int | None = None):
+        """The "at scale" view (widgets/at_scale.py) of this Lab's model: memory per GPU and a step's timeline as
+        scalekit.predict predicts them on `gpus` with `toggles` (default: the panel's selection), beside the latest
+        run's measured step time and peak memory and that run predicted on this machine ("this-cpu", once
+        scalekit.calibrate() has measured it).  It is redrawn after each of the Lab's runs."""
+        from .at_scale import AtScale, model_toggles
+
+        cfg = self.config().resolve(self.hw)
+        view = AtScale(model="llama3-8b", gpus=gpus, lab=self,
+                       toggles=model_toggles(cfg.toggles) if toggles is None else toggles,
+                       batch_size=batch_size or cfg.batch_size, seq_len=seq_len or cfg.seq_len)
+        self._at_scale_views.append(view)
+        return view
 
     def find_fastest(self, budget_mb: float | None = None, time_budget_s: float | None = None,
                      run_steps: int = 1000) -> bool:
@@ -250,6 +266,11 @@ class Lab(Runner):
     def _show_result(self, result: RunResult) -> None:
         self._show_memory()
         self._show_step_time()
+        for view in self._at_scale_views:  # the at-scale views: the latest run measured beside their prediction
+            try:
+                view.refresh()
+            except Exception as exc:  # a view that cannot redraw says so; the run's own figures stand
+                self._say(f"The at-scale view could not redraw: {type(exc).__name__}: {exc}", error=True)
 
     def _snapshot_figures(self) -> list:
         """The live plots, the bars of time and memory per step and autotune's scatter, where they have points."""
