@@ -4,9 +4,12 @@ import json
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -182,6 +185,24 @@ def _library_state_kept():
 
 
 _MISSING = object()
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept(request):
+    """A test that leaves a signal's handler changed is named in a warning, and the handler put back: a SIGINT left
+    ignored is inherited by every process a later test starts, whose Ctrl-C then reaches nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in _SIGNALS}
+    yield
+    for s, handler in before.items():
+        now = signal.getsignal(s)
+        if now is not handler:
+            signal.signal(s, handler)
+            warnings.warn(f"{request.node.nodeid} left {signal.Signals(s).name}'s handler changed ({now!r}, was "
+                          f"{handler!r}); put back", UserWarning, stacklevel=1)
 
 
 @pytest.fixture

@@ -60,7 +60,13 @@ def started(cmd: list[str]) -> subprocess.Popen:
     faulthandler on: SIGABRT makes it print every thread's stack, so that a run that does not end says where."""
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env)
+                            env=env, preexec_fn=_ctrl_c_as_a_terminal_sends_it)
+
+
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """In the child: SIGINT's default action, whatever this process's was (an ignored SIGINT is inherited, and the
+    child's Ctrl-C would then reach nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupted(proc: subprocess.Popen, within_s: float = 60) -> tuple[str, str]:
