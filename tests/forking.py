@@ -4,6 +4,7 @@ child process."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
@@ -20,21 +21,29 @@ def no_process_left_behind():
 
     The deadline is SIGALRM raising in the main thread: it interrupts the launcher's wait, and the
     launcher's own cleanup then stops the ranks."""
-    def expire(signum, frame):
-        raise TimeoutError(f"test still running after {TEST_DEADLINE_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(TEST_DEADLINE_S)
-    try:
+    with deadline(TEST_DEADLINE_S, "test still running"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     me = psutil.Process()
-    deadline = time.monotonic() + 10
-    while me.children(recursive=True) and time.monotonic() < deadline:
+    until = time.monotonic() + 10
+    while me.children(recursive=True) and time.monotonic() < until:
         time.sleep(0.1)
     left = me.children(recursive=True)
     for p in left:  # clean up before failing, so one broken test does not leak into the next
         p.kill()
     assert not left, f"processes left behind: {left}"
+
+
+@contextlib.contextmanager
+def deadline(seconds: int, what: str):
+    """SIGALRM raises TimeoutError('<what> after <seconds> s') in the main thread: a wait or a loop that never ends
+    becomes a failure."""
+    def expire(signum, frame):
+        raise TimeoutError(f"{what} after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

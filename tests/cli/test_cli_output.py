@@ -124,14 +124,14 @@ def frame_inside(module: str):
 
 @pytest.mark.parametrize("module", ["torch._dynamo.convert_frame", "torch._inductor.compile_fx"])
 def test_ctrl_c_during_a_compile_says_at_once_that_the_stop_waits_for_it(module):
-    from scalekit.cli.main import stop_message
+    from scalekit.cli.stopping import stop_message
 
     words = stop_message(frame_inside(module))
     assert "torch.compile" in words and "finishes compiling" in words and "Ctrl-C again" in words
 
 
 def test_ctrl_c_between_compiled_steps_says_it_stops_after_the_step():
-    from scalekit.cli.main import stop_message
+    from scalekit.cli.stopping import stop_message
 
     for module in ("torch._inductor.output_code", "torch._dynamo.eval_frame", "scalekit.training.engine"):  # a compiled step
         assert stop_message(frame_inside(module)).startswith("stopping after this step"), module

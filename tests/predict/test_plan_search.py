@@ -11,7 +11,7 @@ import pytest
 import scalekit
 from scalekit.cli.main import main as cli_main
 from scalekit.predict import Plan, PlanSearch, plan_for, predict
-from scalekit.predict.search import terms
+from scalekit.predict.explain import terms
 from scalekit.predict.step import GIB
 
 BF16 = {"bf16": True, "sdpa": True}

@@ -16,6 +16,7 @@ import pytest
 
 from scalekit import RunConfig, run
 from scalekit.errors import ConfigError
+from tests.forking import deadline
 from tests.helpers import CPU, SHAPES, assert_same, batches, built, tiny
 
 RAW = dict(data="shakespeare-raw", transform_rounds=1)
@@ -25,16 +26,8 @@ DEADLINE_S = 120
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     """Each test has a deadline and must leave no child process behind, even when it fails."""
-    def expire(signum, frame):
-        raise TimeoutError(f"test still running after {DEADLINE_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(DEADLINE_S)
-    try:
+    with deadline(DEADLINE_S, "test still running"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     left = psutil.Process().children(recursive=True)
     for p in left:
         p.kill()

@@ -3,14 +3,12 @@ variable-length dataset counts real tokens only, and what cannot pack says why i
 
 from __future__ import annotations
 
-import contextlib
-import signal
-
 import pytest
 import torch
 
 from scalekit import ConfigError, RunConfig, ToggleUnavailable, run
 from scalekit.data.packing import IGNORE, MAX_SHORT_DOCUMENTS_IN_A_ROW, PackedDocuments, pack_row, real_tokens
+from tests.forking import deadline
 from tests.helpers import NanoStyleGPT, nano_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -137,21 +135,6 @@ def test_a_padded_run_counts_its_real_tokens_too():
 HANG_DEADLINE_S = 5  # the fault is a hang (a loop at 100% CPU, which the Lab's Stop cannot end): fail fast
 
 
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """SIGALRM raises in the main thread after `seconds`: a Python loop that never ends becomes a failure."""
-    def expire(signum, frame):
-        raise TimeoutError(f"still packing after {seconds} s: an unbounded loop")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class Endless(torch.utils.data.IterableDataset):
     """An iterable dataset without end, of documents of `tokens` tokens."""
 
@@ -168,20 +151,20 @@ def one_token_documents(n: int) -> list[dict]:
 
 
 def test_rows_of_one_token_are_refused_before_anything_is_read():
-    with deadline(HANG_DEADLINE_S), pytest.raises(ConfigError, match=r"RunConfig\.seq_len=1 .*at least 2 tokens"):
+    with deadline(HANG_DEADLINE_S, "still packing"), pytest.raises(ConfigError, match=r"RunConfig\.seq_len=1 .*at least 2 tokens"):
         PackedDocuments(Endless(5), 1, seed=0)
     pytest.importorskip("transformers")
     from scalekit.hf import causal_lm
 
     # a whole run, refused by the toggle before the model is built: its deadline leaves room for the first
     # imports of torch's compiler stack a run makes (seconds on a busy machine)
-    with deadline(60), pytest.raises(ConfigError, match=r"RunConfig\.seq_len=1 .*set seq_len to 2"):
+    with deadline(60, "still packing"), pytest.raises(ConfigError, match=r"RunConfig\.seq_len=1 .*set seq_len to 2"):
         run(RunConfig(model=causal_lm("llama", preset="tiny"), dataset=Documents(8), seq_len=1, batch_size=2,
                       device="cpu", steps=1, warmup_steps=0, toggles=["sequence_packing"]))
 
 
 def test_a_dataset_with_no_document_of_two_tokens_is_refused_with_its_numbers():
-    with deadline(HANG_DEADLINE_S):
+    with deadline(HANG_DEADLINE_S, "still packing"):
         with pytest.raises(ConfigError, match=r"RunConfig\.dataset: .*no document of at least 2 tokens in a whole "
                                               r"pass over its 50 documents \(the longest has 1 token\)"):
             next(iter(PackedDocuments(one_token_documents(50), 8, seed=0)))
