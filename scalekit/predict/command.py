@@ -6,11 +6,18 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ForkUnsafeError
 
 # predict's and plan_for's arguments as the command line spells them, for the refusals that name them
 FLAG_OF = {"gpus": "--gpus", "per_node": "--per-node", "batch_size": "--batch-size", "seq_len": "--seq-len",
            "budget_bytes_per_gpu": "--budget-gb", "toggles": "--toggle"}
+
+
+def cannot_calibrate(exc: ForkUnsafeError, gpus: str) -> ConfigError:
+    """A part measured here ("this-cpu") needs calibrate()'s ranks, which this process cannot fork: one line."""
+    reasons = "; ".join(line.strip(" -") for line in str(exc).splitlines()[1:] if line.strip())
+    return ConfigError(f"--gpus {gpus}: measuring this machine (calibrate) starts ranks, which cannot be forked "
+                       f"from this process: {reasons}")
 
 
 def said_as_flags(exc: ConfigError) -> ConfigError:
@@ -54,6 +61,8 @@ def run(args, stop=None) -> int:
                     per_node=args.per_node)
     except ConfigError as exc:
         raise said_as_flags(exc) from None
+    except ForkUnsafeError as exc:
+        raise cannot_calibrate(exc, args.gpus) from None
     print(p.table())
     return 0
 
@@ -97,5 +106,7 @@ def run_plan(args, stop=None) -> int:
                      seq_len=args.seq_len, toggles=toggles, per_node=args.per_node)
     except ConfigError as exc:
         raise said_as_flags(exc) from None
+    except ForkUnsafeError as exc:
+        raise cannot_calibrate(exc, args.gpus) from None
     print(s.table(top=args.top))
     return 0 if s.plans else 1

@@ -119,3 +119,14 @@ def test_the_command_line_prints_the_prediction_and_refuses_in_a_sentence(capsys
     assert "16× H100-SXM (2 nodes of 8)" in out and "InfiniBand" in out and "tokens/s per GPU" in out
     assert main(["predict", "llama3-8b", "--gpus", "6xH100", "--toggle", "tensor_parallel=4"]) == 2
     assert "= 4 does not divide 6 GPUs" in capsys.readouterr().err
+
+
+def test_a_part_measured_here_that_cannot_fork_its_ranks_is_refused_in_one_line_naming_gpus(capsys):
+    # calibrate() starts ranks; a process that has imported bitsandbytes cannot fork them (scalekit.launch says why)
+    pytest.importorskip("bitsandbytes")  # imported inside the test: the forking tests ran before it
+    from scalekit.cli.main import main
+
+    for command in ("predict", "plan-for"):
+        assert main([command, "gpt2-124m", "--gpus", "CPU"]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("scalekit: error: --gpus CPU: measuring this machine"), lines
