@@ -35,6 +35,7 @@ class Efficiency:
     latency_s: float  # α: per ring step of a collective
     op_overhead_s: float  # per operator dispatched, where the host's dispatch is not hidden (a CPU runs it inline)
     matmul_curve: tuple[tuple[int, float], ...] = ()  # (size, FLOP/s) measured by calibrate(): read at the width
+    attention: float = 0.0  # of the dense peak, for a fused attention kernel's FLOPs (0: as the matmuls)
     overlaps_communication: bool = True  # whether a rank computes while its collectives run (False on a CPU)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -54,11 +55,15 @@ class Efficiency:
 
 
 PUBLISHED = Efficiency(
-    matmul=0.80, memory=0.85, link=0.80, latency_s=10e-6, op_overhead_s=0.0,
+    matmul=0.80, memory=0.85, link=0.80, latency_s=10e-6, op_overhead_s=0.0, attention=0.35,
     sources={
         "matmul": "0.80: maximum achievable bf16 matmul FLOP/s over the dense peak, ml-engineering's MAMF table "
                   "(github.com/stas00/ml-engineering, compute/accelerator): H100 SXM 792.1/989 = 80.1%, A100 SXM "
                   "267.9/312 = 85.9%; the H100's figure is used for every GPU part",
+        "attention": "0.35: FlashAttention-2 (what PyTorch's SDPA runs on these GPUs) reaches about 35% of the H100's "
+                     "dense peak, forward and backward (Shah et al. 2024, FlashAttention-3, abstract); the FlashAttention-2 "
+                     "paper (Dao 2023) reports 50-73% of the A100's for its forward pass and less for its backward; the "
+                     "H100's figure is used for every GPU part",
         "memory": "0.85: a streaming copy's share of HBM peak bandwidth, as STREAM/BabelStream-style copy kernels "
                   "report on A100/H100 (typically 0.85-0.92); a round figure, not measured here",
         "link": "0.80: nccl-tests all-reduce bus bandwidth over the one-way NVLink figure for large messages "
@@ -83,6 +88,13 @@ class Layout:
     dtype: str = "fp32"  # what the matmuls compute in: fp32, tf32, bf16, fp16
     checkpointing: object = None  # None, 'selective', or every k-th block (1: every block)
     flash_attention: bool = False  # SDPA's fused kernel: no T×T scores kept or moved
+    cp: int = 1  # context parallel: each rank holds 1/cp of every sequence; K/V blocks travel around a ring
+
+    @property
+    def grad_ranks(self) -> int:
+        """The ranks that hold the same weights and share their gradients: data parallel × context parallel (the
+        context-parallel ranks of one sequence reduce and shard as data-parallel ones do, as torchtitan's mesh)."""
+        return self.dp * self.cp
 
     @property
     def act_bytes(self) -> int:
@@ -117,40 +129,15 @@ def ddp_buckets(grad_bytes: int) -> int:
 def step_collectives(shape, lay: Layout, micro_batch_rows: int, seq: int) -> list[Collective]:
     """What one rank sends in one step, per kind, for the layout: the bytes are what the ranks' calls carry (the
     check in tests/distributed/test_predict_collective_bytes.py counts them)."""
-    out: list[Collective] = []
-    trainable = shape.n_params // (lay.tp * lay.pp)
-    grads = 4 * trainable  # gradients are fp32 (autocast keeps fp32 weights; FSDP reduces in fp32)
-    param_bytes = lay.act_bytes if lay.sharding in ("fsdp", "zero2") and lay.act_bytes == 2 else 4
-    forwards = lay.micro_batches
-    if lay.dp > 1 and lay.sharding in ("ddp", "zero1"):
-        out.append(Collective("gradient all-reduce (DDP buckets)", "all_reduce", grads, ddp_buckets(grads), lay.dp,
-                              overlap_rule="DDP_OVERLAP"))
-        if shape.buffer_bytes:
-            out.append(Collective("buffers broadcast from rank 0 before each forward (DDP broadcast_buffers)",
-                                  "broadcast", shape.buffer_bytes * forwards, forwards, lay.dp,
-                                  overlap_rule="EXPOSED"))
-        if lay.sharding == "zero1":
-            # ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
-            tensors = (len(shape.root) + shape.n_layer * len(shape.block)) // (lay.tp * lay.pp)
-            out.append(Collective("updated weights from each rank's optimizer shard (ZeRO-1)", "broadcast",
-                                  4 * trainable, tensors, lay.dp, overlap_rule="EXPOSED"))
-    if lay.dp > 1 and lay.sharding in ("fsdp", "zero2"):
-        gathered = unit_bytes(shape, lay.dp, param_bytes, lay.tp, lay.pp)
-        out.append(Collective("weights all-gather in forward (FSDP, per unit)", "all_gather", sum(gathered) * forwards,
-                              len(gathered) * forwards, lay.dp, overlap_rule="FSDP_PREFETCH"))
-        if lay.sharding == "fsdp":  # ZeRO-3 frees each unit after forward: backward gathers every unit again
-            out.append(Collective("weights all-gather in backward (FSDP, per unit)", "all_gather",
-                                  sum(gathered) * forwards, len(gathered) * forwards, lay.dp,
-                                  overlap_rule="FSDP_PREFETCH"))
-        reduced = unit_bytes(shape, lay.dp, 4, lay.tp, lay.pp)
-        out.append(Collective("gradient reduce-scatter (FSDP, per unit, fp32)", "reduce_scatter", sum(reduced),
-                              len(reduced), lay.dp, overlap_rule="FSDP_PREFETCH"))
+    out = data_parallel_collectives(shape, lay)
     activation = micro_batch_rows * seq * shape.d * lay.act_bytes
     if lay.tp > 1:  # Megatron: attention's and the MLP's row-split outputs all-reduced forward; their inputs' grads back
         blocks = shape.n_layer // lay.pp
         out.append(Collective("activation all-reduce (tensor parallel, 2 per block forward, 2 backward)",
                               "all_reduce", 4 * blocks * activation * lay.micro_batches,
                               4 * blocks * lay.micro_batches, lay.tp, overlap_rule="TP_CRITICAL"))
+    if lay.cp > 1:
+        out.append(ring_attention_sends(shape, lay, micro_batch_rows, seq))
     if lay.pp > 1:
         # a stage sends its output forward and the gradient of its input backward, one micro-batch at a time: a middle
         # stage both, the first and the last one each (what each rank sends; it receives as much)
@@ -165,11 +152,56 @@ def step_collectives(shape, lay: Layout, micro_batch_rows: int, seq: int) -> lis
     return out
 
 
+def data_parallel_collectives(shape, lay: Layout) -> list[Collective]:
+    """What the ranks that share weights (data × context parallel) send: DDP's and ZeRO-1's gradient all-reduce and
+    broadcasts, FSDP's and ZeRO-2's gathers and reduce-scatters."""
+    out: list[Collective] = []
+    trainable = shape.n_params // (lay.tp * lay.pp)
+    grads = 4 * trainable  # gradients are fp32 (autocast keeps fp32 weights; FSDP reduces in fp32)
+    param_bytes = lay.act_bytes if lay.sharding in ("fsdp", "zero2") and lay.act_bytes == 2 else 4
+    forwards = lay.micro_batches
+    if lay.grad_ranks > 1 and lay.sharding in ("ddp", "zero1"):
+        out.append(Collective("gradient all-reduce (DDP buckets)", "all_reduce", grads, ddp_buckets(grads),
+                              lay.grad_ranks, overlap_rule="DDP_OVERLAP"))
+        if shape.buffer_bytes:
+            out.append(Collective("buffers broadcast from rank 0 before each forward (DDP broadcast_buffers)",
+                                  "broadcast", shape.buffer_bytes * forwards, forwards, lay.grad_ranks,
+                                  overlap_rule="EXPOSED"))
+        if lay.sharding == "zero1":
+            # ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
+            tensors = (len(shape.root) + shape.n_layer * len(shape.block)) // (lay.tp * lay.pp)
+            out.append(Collective("updated weights from each rank's optimizer shard (ZeRO-1)", "broadcast",
+                                  4 * trainable, tensors, lay.grad_ranks, overlap_rule="EXPOSED"))
+    if lay.grad_ranks > 1 and lay.sharding in ("fsdp", "zero2"):
+        gathered = unit_bytes(shape, lay.grad_ranks, param_bytes, lay.tp, lay.pp)
+        out.append(Collective("weights all-gather in forward (FSDP, per unit)", "all_gather", sum(gathered) * forwards,
+                              len(gathered) * forwards, lay.grad_ranks, overlap_rule="FSDP_PREFETCH"))
+        if lay.sharding == "fsdp":  # ZeRO-3 frees each unit after forward: backward gathers every unit again
+            out.append(Collective("weights all-gather in backward (FSDP, per unit)", "all_gather",
+                                  sum(gathered) * forwards, len(gathered) * forwards, lay.grad_ranks,
+                                  overlap_rule="FSDP_PREFETCH"))
+        reduced = unit_bytes(shape, lay.grad_ranks, 4, lay.tp, lay.pp)
+        out.append(Collective("gradient reduce-scatter (FSDP, per unit, fp32)", "reduce_scatter", sum(reduced),
+                              len(reduced), lay.grad_ranks, overlap_rule="FSDP_PREFETCH"))
+    return out
+
+
+def ring_attention_sends(shape, lay: Layout, micro_batch_rows: int, seq: int) -> Collective:
+    """Context parallel's ring: each rank passes its K/V shard cp−1 times forward; backward, K/V and their
+    gradients."""
+    kv = 2 * micro_batch_rows * (seq // lay.cp) * shape.n_kv_head * (shape.d // shape.n_head) * lay.act_bytes
+    hops = (lay.cp - 1) * shape.n_layer // lay.pp * lay.micro_batches
+    return Collective("K/V blocks around the ring (context parallel: forward K/V, backward K/V and their gradients)",
+                      "send_recv", 3 * hops * kv // lay.tp, 3 * hops, lay.cp, overlap_rule="RING_OVERLAP")
+
+
 OVERLAP_RULES = {
     "DDP_OVERLAP": "DDP all-reduces each bucket while the rest of backward runs: all but the last bucket hide behind "
                    "backward (2/3 of the compute); exposed = the last bucket + whatever of the rest exceeds backward",
     "FSDP_PREFETCH": "FSDP gathers the next unit during this one's compute and reduce-scatters gradients during "
                      "backward: exposed = the first unit's share + whatever of the rest exceeds the compute",
+    "RING_OVERLAP": "ring attention sends the next K/V block while it computes on this one: exposed = whatever "
+                    "of the ring's time exceeds the attention's compute",
     "TP_CRITICAL": "tensor-parallel all-reduces sit on the critical path: fully exposed (no async TP)",
     "P2P_EXPOSED": "pipeline sends and receives are counted as exposed (an upper bound: schedules overlap some)",
     "EXPOSED": "runs between compute phases: fully exposed",
@@ -177,14 +209,19 @@ OVERLAP_RULES = {
 }
 
 
-def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_s: float, lay: Layout) -> None:
-    """Fill each collective's time (α-β ring on its group's link) and its exposed share (its overlap rule)."""
+def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_s: float, lay: Layout,
+                     attention_s: float = 0.0) -> None:
+    """Fill each collective's time (α-β ring on its group's link) and its exposed share (its overlap rule);
+    `attention_s`: the attention's share of the compute (what ring attention's sends hide behind)."""
     spans = {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
     backward_s = compute_s * 2 / 3
     for c in colls:
         # data-parallel groups stride over tp (consecutive ranks split a block: torchtitan's layout)
-        stride = lay.tp if c.overlap_rule in ("DDP_OVERLAP", "FSDP_PREFETCH") or c.op == "broadcast" else 1
-        c.link, bandwidth = link_for(cluster, c.ranks, stride if spans.get(c.op) else 1)
+        # (the gradient group, data × context parallel ranks, and the context-parallel ring both stride over tp)
+        stride = lay.tp if c.overlap_rule in ("DDP_OVERLAP", "FSDP_PREFETCH", "RING_OVERLAP") or c.op == "broadcast" \
+            else 1
+        c.link, bandwidth = link_for(cluster, c.ranks, stride if spans.get(c.op) or c.overlap_rule == "RING_OVERLAP"
+                                     else 1)
         c.time_s = ring_time(c.op, c.bytes, c.calls, c.ranks, bandwidth * eff.link, eff.latency_s)
         rule = c.overlap_rule if eff.overlaps_communication else "NO_OVERLAP_HERE"
         per_call = c.time_s / max(1, c.calls)
@@ -193,6 +230,8 @@ def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_
         elif rule == "FSDP_PREFETCH":
             hide = backward_s if c.op == "reduce_scatter" else compute_s / 3 if "forward" in c.name else backward_s
             c.exposed_s = per_call + max(0.0, c.time_s - per_call - hide)
+        elif rule == "RING_OVERLAP":
+            c.exposed_s = max(0.0, c.time_s - attention_s)
         else:
             c.exposed_s = c.time_s
         c.overlap_rule = rule

@@ -29,7 +29,8 @@ SHARDINGS = ("ddp", "fsdp", "zero1", "zero2")
 SCHEDULES = ("gpipe", "1f1b")
 CHECKPOINTING = (None, "selective", 1)
 # the toggles a plan sets; given in `toggles=`, each fixes its dimension of the search instead
-SEARCHED = ("ddp", "fsdp", "zero", "tensor_parallel", "pipeline_parallel", "checkpointing", "grad_accum")
+SEARCHED = ("ddp", "fsdp", "zero", "tensor_parallel", "pipeline_parallel", "checkpointing", "grad_accum",
+            "context_parallel")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Plan:
     micro_batches: int = 1
     checkpointing: object = None  # None, 'selective', 1 (every block)
     micro_batch_size: int = 1
+    cp: int = 1  # context parallel: each rank holds 1/cp of every sequence
 
     def toggles(self, base: dict | None = None) -> dict:
         """The RunConfig toggles of this plan, on top of `base` (bf16, sdpa, ...)."""
@@ -56,6 +58,8 @@ class Plan:
             out["zero"] = self.sharding
         if self.tp > 1:
             out["tensor_parallel"] = self.tp
+        if self.cp > 1:
+            out["context_parallel"] = self.cp
         if self.pp > 1:
             out["pipeline_parallel"] = f"{self.schedule}/{self.micro_batches},stages={self.pp}"
         elif self.micro_batches > 1:
@@ -65,10 +69,17 @@ class Plan:
         return out
 
     @property
+    def dimensions(self) -> int:
+        """How many parallel dimensions beyond data parallel the plan uses (tensor, context, pipeline)."""
+        return (self.tp > 1) + (self.cp > 1) + (self.pp > 1)
+
+    @property
     def label(self) -> str:
         parts = [f"{self.sharding if self.sharding != 'none' else 'no sharding'} ×{self.dp}"]
         if self.tp > 1:
             parts.append(f"tp {self.tp}")
+        if self.cp > 1:
+            parts.append(f"cp {self.cp}")
         if self.pp > 1:
             parts.append(f"pp {self.pp} {self.schedule} m{self.micro_batches}")
         elif self.micro_batches > 1:
@@ -226,6 +237,8 @@ def _fixed(toggles: dict) -> dict:
         fixed["schedule"] = schedule
         if stages:
             fixed["pp"] = stages
+    if "context_parallel" in toggles:
+        fixed["cp"] = int(toggles["context_parallel"]) if toggles["context_parallel"] is not True else 2
     if "checkpointing" in toggles:
         c = toggles["checkpointing"]
         fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isdigit() else c)
@@ -269,8 +282,7 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
             refused.append((plan, _Unfit(_unfit(pred, budget), pred)))
         else:
             fits.append((plan, pred))
-    fits.sort(key=lambda pp_: (-pp_[1].tokens_per_s_per_gpu, pp_[1].memory["peak"], pp_[0].label))
-    ranked = [Ranked(plan, pred) for plan, pred in fits]
+    ranked = _ranked(fits)
     why = explain(ranked, budget)
     if not ranked:
         why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {len(plans)} plans predicted, the leanest "
@@ -284,9 +296,17 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     return search
 
 
+def _ranked(fits) -> list[Ranked]:
+    """Fastest first; on equal throughput the plan with fewer parallel dimensions, then the smaller memory."""
+    fits.sort(key=lambda pp_: (-pp_[1].tokens_per_s_per_gpu, pp_[0].dimensions, pp_[1].memory["peak"], pp_[0].label))
+    return [Ranked(plan, pred) for plan, pred in fits]
+
+
 def _notes(model, batch_size, batch, preset, fixed) -> list[str]:
-    notes = ["context (sequence) parallel degrees are not searched: the cost model (scalekit/predict/step.py) has no "
-             "term for them, and tensor_parallel's sequence_parallel option is priced as plain tensor parallel"]
+    notes = ["context parallel degrees 1, 2, 4 and 8 (within a node) are searched as ring attention (K/V blocks passed "
+             "around the ring, hidden behind the attention's compute where they fit); tensor_parallel's "
+             "sequence_parallel option is priced as plain tensor parallel; expert parallelism is not searched (no "
+             "mixture-of-experts shapes)"]
     if batch_size is None:
         notes.append(f"batch_size not given: a global batch of {batch} sequences"
                      + (f", the preset {model}'s" if preset else ", one per GPU"))
@@ -331,29 +351,31 @@ def _plans(cluster, shape, batch: int, fixed: dict, refused: list) -> list[Plan]
     world, out = cluster.count, []
     tps = _tensor_degrees(cluster, shape, fixed, refused)
     pps = _pipeline_degrees(cluster, shape, fixed, refused)
-    for t in tps:
-        for p in pps:
-            if world % (t * p):
-                refused.append((f"tensor_parallel {t} × pipeline {p}", f"tensor_parallel {t} × pipeline stages {p} "
-                                f"= {t * p} does not divide {world} GPUs"))
-                continue
-            dp = world // (t * p)
-            if batch % dp:
-                refused.append((f"tensor_parallel {t} × pipeline {p} (data parallel {dp})",
-                                f"batch_size {batch} does not split into {dp} data-parallel ranks"))
-                continue
-            rows = batch // dp
-            shardings = [fixed["sharding"]] if "sharding" in fixed else (SHARDINGS if dp > 1 else ("none",))
-            schedules = [fixed.get("schedule", "1f1b")] if p > 1 and "schedule" in fixed else \
-                (SCHEDULES if p > 1 else (None,))
-            ckpts = [fixed["checkpointing"]] if "checkpointing" in fixed else CHECKPOINTING
-            for plan in (Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs) for sharding in shardings
-                         for schedule in schedules for ckpt in ckpts for mbs in _micro_batch_sizes(rows)):
-                if plan.pp > plan.micro_batches:
-                    refused.append((plan, f"{plan.micro_batches} micro-batches for {plan.pp} pipeline stages: "
-                                    f"torch's pipeline schedules need at least one micro-batch per stage"))
-                else:
-                    out.append(plan)
+    cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8) if c <= min(world, cluster.per_node)]
+    for t, p, c in ((t, p, c) for t in tps for p in pps for c in cps):
+        cp_words = f" × context_parallel {c}" if c > 1 else ""
+        degrees = f"tensor_parallel {t} × pipeline {p}{cp_words}"
+        if world % (t * p * c):
+            refused.append((degrees, f"tensor_parallel {t} × pipeline stages {p}{cp_words} = {t * p * c} does not "
+                                     f"divide {world} GPUs"))
+            continue
+        dp = world // (t * p * c)
+        if batch % dp:
+            refused.append((f"{degrees} (data parallel {dp})",
+                            f"batch_size {batch} does not split into {dp} data-parallel ranks"))
+            continue
+        rows = batch // dp
+        shardings = [fixed["sharding"]] if "sharding" in fixed else (SHARDINGS if dp * c > 1 else ("none",))
+        schedules = [fixed.get("schedule", "1f1b")] if p > 1 and "schedule" in fixed else \
+            (SCHEDULES if p > 1 else (None,))
+        ckpts = [fixed["checkpointing"]] if "checkpointing" in fixed else CHECKPOINTING
+        for plan in (Plan(sharding, dp, t, p, schedule, rows // mbs, ckpt, mbs, c) for sharding in shardings
+                     for schedule in schedules for ckpt in ckpts for mbs in _micro_batch_sizes(rows)):
+            if plan.pp > plan.micro_batches:
+                refused.append((plan, f"{plan.micro_batches} micro-batches for {plan.pp} pipeline stages: "
+                                f"torch's pipeline schedules need at least one micro-batch per stage"))
+            else:
+                out.append(plan)
     return out
 
 

@@ -4,7 +4,8 @@ each repeated block's), its width, layers, heads and vocabulary.  No weights, no
 Three ways in:
 - a built-in preset name ('tiny', 'small', 'medium', 'gpt2-124m', ...) or a GPTConfig: the GPT built on the meta
   device and read (exact, as scalekit runs it);
-- a public shape by name (PUBLIC: GPT-2 124M to 1.5B, Llama 3 8B/70B/405B), from its published config; the
+- a public shape by name (PUBLIC: GPT-2 124M to 1.5B, Llama 3 8B/70B/405B, Llama 2 7B, Qwen2 0.5B-72B, Mistral 7B),
+  from its published config; the
   same numbers build a transformers config offline with `hf_config(name)` (no hub);
 - a transformers config (GPT-2 or Llama layout: GPT2Config, LlamaConfig, Qwen2Config, MistralConfig).
 """
@@ -80,14 +81,16 @@ def gpt2_shape(name, n_layer, d, n_head, vocab, positions, source="") -> ModelSh
     return ModelShape(name, n_layer, d, n_head, n_head, 4 * d, vocab, root, block, 2, 0, source)
 
 
-def llama_shape(name, n_layer, d, n_head, n_kv, ffn, vocab, tied=False, source="") -> ModelShape:
+def llama_shape(name, n_layer, d, n_head, n_kv, ffn, vocab, tied=False, source="", qkv_bias=False) -> ModelShape:
     hd = d // n_head
-    block = ((d, d), (n_kv * hd, d), (n_kv * hd, d), (d, d), (ffn, d), (ffn, d), (d, ffn), (d,), (d,))
+    bias = ((d,), (n_kv * hd,), (n_kv * hd,)) if qkv_bias else ()  # Qwen2's q, k and v projections have biases
+    block = ((d, d), (n_kv * hd, d), (n_kv * hd, d), (d, d), (ffn, d), (ffn, d), (d, ffn), (d,), (d,)) + bias
     root = ((vocab, d), (d,)) + (() if tied else ((vocab, d),))
     return ModelShape(name, n_layer, d, n_head, n_kv, ffn, vocab, root, block, 3, 0, source)
 
 
 HF_GPT2 = "openai-community/gpt2* config.json on the Hugging Face hub (published numbers, typed here)"
+QWEN2 = "Qwen/Qwen2-{} config.json (published numbers, typed here; q, k, v biases counted)"
 META_LLAMA = "meta-llama/Llama-3.1-{size} config.json and the Llama 3 paper, table 3 (published numbers, typed here)"
 PUBLIC: dict[str, ModelShape] = {s.name: s for s in (
     gpt2_shape("gpt2-124m", 12, 768, 12, 50257, 1024, HF_GPT2),
@@ -99,10 +102,18 @@ PUBLIC: dict[str, ModelShape] = {s.name: s for s in (
     llama_shape("llama3-405b", 126, 16384, 128, 8, 53248, 128256, source=META_LLAMA.format(size="405B")),
     llama_shape("llama2-7b", 32, 4096, 32, 32, 11008, 32000,
                 source="meta-llama/Llama-2-7b-hf config.json (published numbers, typed here)"),
+    llama_shape("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, tied=True, qkv_bias=True, source=QWEN2.format("0.5B")),
+    llama_shape("qwen2-1.5b", 28, 1536, 12, 2, 8960, 151936, tied=True, qkv_bias=True, source=QWEN2.format("1.5B")),
+    llama_shape("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, qkv_bias=True, source=QWEN2.format("7B")),
+    llama_shape("qwen2-72b", 80, 8192, 64, 8, 29568, 152064, qkv_bias=True, source=QWEN2.format("72B")),
+    llama_shape("mistral-7b", 32, 4096, 32, 8, 14336, 32000,
+                source="mistralai/Mistral-7B-v0.1 config.json (published numbers, typed here; its 4,096-token "
+                       "sliding window is not modelled: attention is priced as full causal attention)"),
 )}
 ALIASES = {"gpt2": "gpt2-124m", "gpt2-medium": "gpt2-350m", "gpt2-large": "gpt2-774m", "gpt2-xl": "gpt2-1.5b",
            "llama3-8B": "llama3-8b", "llama-3-8b": "llama3-8b", "llama-3.1-8b": "llama3-8b",
-           "llama-3-70b": "llama3-70b", "llama-3.1-70b": "llama3-70b", "llama-3.1-405b": "llama3-405b"}
+           "llama-3-70b": "llama3-70b", "llama-3.1-70b": "llama3-70b", "llama-3.1-405b": "llama3-405b",
+           "mistral": "mistral-7b", "mistral-7b-v0.1": "mistral-7b", "qwen2": "qwen2-7b"}
 
 
 def hf_config(name: str):
@@ -114,9 +125,13 @@ def hf_config(name: str):
     if s.mlp_matrices == 2:
         return t.GPT2Config(n_layer=s.n_layer, n_head=s.n_head, n_embd=s.d, vocab_size=s.vocab,
                             n_positions=s.positions)
-    return t.LlamaConfig(num_hidden_layers=s.n_layer, num_attention_heads=s.n_head, num_key_value_heads=s.n_kv_head,
-                         hidden_size=s.d, intermediate_size=s.ffn, vocab_size=s.vocab,
-                         tie_word_embeddings=s.head_tied)
+    common = dict(num_hidden_layers=s.n_layer, num_attention_heads=s.n_head, num_key_value_heads=s.n_kv_head,
+                  hidden_size=s.d, intermediate_size=s.ffn, vocab_size=s.vocab, tie_word_embeddings=s.head_tied)
+    if s.name.startswith("qwen2"):
+        return t.Qwen2Config(**common)
+    if s.name.startswith("mistral"):
+        return t.MistralConfig(**common)
+    return t.LlamaConfig(**common)
 
 
 def shape_of(model) -> ModelShape:
@@ -174,6 +189,8 @@ def _from_hf(cfg) -> ModelShape:
         return llama_shape(f"hf-{kind}", cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
                            cfg.num_key_value_heads or cfg.num_attention_heads, cfg.intermediate_size,
                            cfg.vocab_size, bool(getattr(cfg, "tie_word_embeddings", False)),
-                           f"a transformers {type(cfg).__name__} (Llama's layout: biases not counted)")
+                           f"a transformers {type(cfg).__name__} (Llama's layout"
+                           + (": q, k, v biases counted)" if kind == "qwen2" else ": biases not counted)"),
+                           qkv_bias=kind == "qwen2")
     raise ConfigError(f"predict: a transformers config of model_type {kind!r} is not read yet; it reads gpt2, "
                       f"llama, qwen2, qwen3 and mistral")

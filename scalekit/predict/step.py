@@ -19,6 +19,8 @@ from .parts import gpus as parse_gpus
 from .shapes import ModelShape, shape_of
 
 GIB = 2**30
+# scalekit's selective checkpointing keeps every matmul's output; torchtitan's "op" policy recomputes every second one
+SELECTIVE = ("selective", "selective-torchtitan")
 
 
 @dataclass
@@ -102,17 +104,22 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
                           f"({shape.n_kv_head} key/value heads): each rank takes whole heads")
     if pp > 1 and shape.n_layer % pp:
         raise ConfigError(f"pipeline_parallel {pp} stages do not divide the model's {shape.n_layer} layers")
-    if world % (tp * pp):
-        raise ConfigError(f"tensor_parallel {tp} × pipeline stages {pp} = {tp * pp} does not divide {world} GPUs")
+    cp = int(toggles.get("context_parallel", 1)) if toggles.get("context_parallel") is not True else 2
+    if cp < 1:
+        raise ConfigError(f"context_parallel must be a degree of 1 or more; got {cp}")
+    if world % (tp * pp * cp):
+        raise ConfigError(f"tensor_parallel {tp} × pipeline stages {pp}"
+                          + (f" × context_parallel {cp}" if cp > 1 else "")
+                          + f" = {tp * pp * cp} does not divide {world} GPUs")
     sharding = next((s for s in ("fsdp", "ddp") if s in toggles), "none")
     if "zero" in toggles:
         sharding = str(toggles["zero"]) if toggles["zero"] is not True else "zero1"
-    dp = world // (tp * pp)
+    dp = world // (tp * pp * cp)
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
         else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
     ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdigit() else ckpt)
-    return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles)
+    return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles, cp)
 
 
 def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = None, seq_len: int | None = None,
@@ -140,15 +147,18 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     layout = layout_of(toggles, cluster.count, shape)
     batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
     rows_per_micro = _rows(batch, layout)
+    if layout.cp > 1 and seq % (2 * layout.cp):
+        raise ConfigError(f"context_parallel {layout.cp} splits each sequence into 2 × {layout.cp} chunks (two per "
+                          f"rank, one from each end, so that causal attention's work is balanced): seq_len {seq} "
+                          f"does not divide into {2 * layout.cp}")
     assumptions: list[str] = []
-    memory, method, saved = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
+    memory, method = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
     model_flops = shape.train_flops_per_token(seq) * batch * seq / cluster.count  # this GPU's share of the work
-    hw_flops = model_flops + _recompute_flops(shape, layout, seq) * batch * seq / cluster.count
-    compute_s, parts, colls, bubble_s = _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved,
-                                                   rows_per_micro, seq)
+    compute_s, parts, colls, bubble_s, counted = _step_time(model, toggles, shape, layout, cluster, eff,
+                                                            rows_per_micro, seq)
     step_s = compute_s + sum(c.exposed_s for c in colls) + bubble_s
     peak = part.peak(layout.dtype)
-    tokens_per_gpu = batch * seq / layout.tp / layout.pp / layout.dp / step_s if step_s else 0.0
+    tokens_per_gpu = batch * seq / layout.world / step_s if step_s else 0.0
     # the step's tokens over every GPU (as torchtitan counts tokens/s per GPU)
     fits = memory["peak"] <= part.memory_bytes
     pred = Prediction(shape.name if not isinstance(model, str) else model, cluster.describe(), layout, batch, seq,
@@ -156,26 +166,108 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
                       parts, colls, bubble_s,
                       step_s, tokens_per_gpu, model_flops / step_s / peak if step_s else None, model_flops,
                       assumptions)
-    assumptions += _assumptions(pred, eff, part, shape, _traffic_bytes(shape, layout, saved), toggles)
+    assumptions += _assumptions(pred, eff, part, shape, counted, toggles)
     if strict and not fits:
         raise ConfigError(pred.verdict())
     return pred
 
 
-def _step_time(model, toggles, shape, layout, cluster, eff, hw_flops, saved, rows_per_micro, seq):
-    """(compute seconds, its parts, the collectives timed, the bubble's seconds) of one step on one GPU."""
+def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq):
+    """(compute seconds, its parts, the collectives timed, the bubble's seconds, what was counted) of one step on
+    one GPU."""
     part = cluster.part
-    matmul_s = hw_flops / eff.matmul_at(shape.d, part.peak(layout.dtype))
-    memory_s = _traffic_bytes(shape, layout, saved) / (part.memory_bandwidth * eff.memory)
+    counted = _counted(shape, layout, eff, part, rows_per_micro, seq, toggles)
+    matmul_s, memory_s, attention_s = counted["matmul"], counted["memory traffic"], counted["attention"]
     # the step's operators once per micro-batch; a pipeline rank runs only its stage's share of them
     ops = _ops(model, toggles, shape) * layout.micro_batches / layout.pp if eff.op_overhead_s else 0
     ops_s = ops * eff.op_overhead_s
     compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
-    cost.time_collectives(colls, cluster, eff, compute_s, layout)
+    cost.time_collectives(colls, cluster, eff, compute_s, layout, attention_s)
     bubble = cost.bubble_fraction(layout.pp, layout.micro_batches, layout.schedule)
     bubble_s = compute_s * bubble / (1 - bubble) if bubble else 0.0
-    return compute_s, {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}, colls, bubble_s
+    parts = {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}
+    return compute_s, parts, colls, bubble_s, counted
+
+
+def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -> dict:
+    """Seconds of matmul (fused attention included, and apart) and of memory traffic, and the bytes moved, of one
+    step on one GPU, from the operators counted in the model's own code (traffic.py).  Backward as traffic.py
+    derives it; checkpointing's recompute added: a whole block's forward (every k-th block), or the operators that
+    are not matmuls (scalekit's 'selective'; torchtitan's op policy also recomputes every second matmul)."""
+    from . import traffic
+
+    autocast = lay.dtype in ("bf16", "fp16")
+    bf16_weights = autocast and lay.sharding == "fsdp"  # FSDP's param_dtype: the gathered weights are bf16
+    counted = traffic.model_traffic(shape, seq, lay.flash_attention, autocast, 2 if bf16_weights else 4)
+    layers = shape.n_layer // lay.pp
+    # rows this GPU runs, a tensor-parallel rank's share of each and a context-parallel rank's share of every sequence
+    # (its attention too: the sequence split into 2·cp chunks, two per rank, balances the causal work)
+    share = rows * lay.micro_batches / (lay.tp * lay.cp)
+    fwd, block, peak, ckpt = counted.forward(layers), counted.block, part.peak(lay.dtype), lay.checkpointing
+    recomputed_blocks = 0 if ckpt is None or isinstance(ckpt, str) else layers // ckpt
+
+    def at(size: int) -> float:
+        return eff.matmul_at(size, peak)
+
+    # the matmuls at one micro-batch's rows (their size sets a CPU's rate), then times the micro-batches
+    mm_s = traffic.matmul_seconds(traffic.scaled(fwd.matmuls, rows), at)
+    block_mm_s = traffic.matmul_seconds(traffic.scaled(block.matmuls, rows), at)
+    mm_total = 3 * mm_s + recomputed_blocks * block_mm_s + (layers * block_mm_s / 2 if ckpt == "selective-torchtitan"
+                                                            else 0.0)
+    attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak)
+    attention_s = ((1 + traffic.ATTENTION_BACKWARD_FLOPS) * fwd.attention_flops
+                   + recomputed_blocks * block.attention_flops) / attention_rate * share
+    moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights)
+    per_rank = lay.micro_batches / (lay.tp * lay.cp)
+    return {"matmul": mm_total * per_rank + attention_s, "attention": attention_s,
+            "memory traffic": sum(moved.values()) / (part.memory_bandwidth * eff.memory), "bytes": moved,
+            "code": counted.code}
+
+
+def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, recomputed_blocks, bf16_weights):
+    """Bytes one GPU's operators that are not matmuls move in a step, by what moves them.  Eager: each counted
+    operator's reads and writes, backward 2× (traffic.py).  Under compile the blocks' element-wise traffic is the
+    fused floor, each saved activation's passes, and the root's (embeddings, head, loss) stays eager: torchtitan
+    compiles each block, not the loss."""
+    from . import traffic
+
+    layers = shape.n_layer // lay.pp
+    fwd, block, passes = counted.forward(layers), counted.block, 1 + traffic.BACKWARD_BYTES
+    params = shape.n_params / (lay.tp * lay.pp)
+    held = params / lay.grad_ranks if lay.sharding in ("fsdp", "zero1", "zero2") else params
+    out = {"optimizer (AdamW: 28 B per held parameter)": 28 * held}
+    if "compile" in toggles:
+        saved = _saved_per_row(shape, lay, seq) * rows * lay.micro_batches
+        out["blocks, compiled (saved activations × 5 passes)"] = ACTIVATION_PASSES * saved
+        out["root, eager (embeddings, head, loss)"] = passes * counted.root.other_bytes * share
+    else:
+        out["operators, eager (counted, backward 2×)"] = passes * (fwd.other_bytes + fwd.attention_bytes) * share
+    if isinstance(lay.checkpointing, str) and "compile" not in toggles:
+        out["selective recompute (the cheap operators again)"] = layers * block.other_bytes * share
+    if recomputed_blocks:
+        out["full recompute (the blocks' forward again)"] = \
+            recomputed_blocks * (block.other_bytes + block.attention_bytes) * share
+    if lay.sharding in ("fsdp", "zero2") and lay.grad_ranks > 1:
+        # FSDP2 copies each gathered unit out of the all-gather's buffer into the parameters (read and write, once
+        # per gather), and each gradient into the reduce-scatter's input (cast to fp32, then copied)
+        gathers = lay.micro_batches * (2 if lay.sharding == "fsdp" else 1)
+        param_bytes = 2 if bf16_weights else 4
+        out["FSDP copy-out and copy-in"] = params * (gathers * 2 * param_bytes + (param_bytes + 4) + 2 * 4)
+    if lay.cp > 1:
+        # ring attention merges each arriving block's partial output into the running one (rescale and add in fp32:
+        # read two, write one) cp−1 times per layer forward, and adds each block's query gradient as many times back
+        merged = rows * lay.micro_batches * (seq // lay.cp) * shape.d / lay.tp * 4
+        out["ring attention's merges (context parallel)"] = 2 * 3 * (lay.cp - 1) * layers * merged
+    return out
+
+
+def _saved_per_row(shape, lay: cost.Layout, seq: int) -> float:
+    """Korthikanti's saved activations of one row on this GPU (as _formula_memory counts them, without the head)."""
+    s, h, a = seq, shape.d, shape.n_head
+    per_layer = s * h * 34 + (0 if (lay.flash_attention or lay.checkpointing in SELECTIVE)
+                              else 5 * a * s * s)
+    return per_layer / lay.tp * (shape.n_layer // lay.pp)
 
 
 def _preset_defaults(model, shape):
@@ -193,60 +285,40 @@ def _rows(batch: int, lay: cost.Layout) -> int:
     return batch // per_rank
 
 
-def _recompute_flops(shape: ModelShape, lay: cost.Layout, seq: int) -> float:
-    """FLOPs per token that activation checkpointing runs again: a checkpointed block's forward (a third of its
-    training FLOPs); selective recompute reruns only the attention scores (4·d·T per layer per token)."""
-    if lay.checkpointing is None:
-        return 0.0
-    if lay.checkpointing == "selective":
-        return 4 * shape.n_layer * shape.d * seq
-    every = lay.checkpointing if isinstance(lay.checkpointing, int) else 1
-    block = 2 * shape.block_params + 4 * shape.d * seq
-    return block * (shape.n_layer // every)
-
-
 ACTIVATION_PASSES = 5  # a saved activation: written and read in forward, read in backward, its gradient written and read
 
 
-def _traffic_bytes(shape: ModelShape, lay: cost.Layout, saved_activations: float) -> float:
-    """Bytes one GPU's non-matmul operators move in a step (the roofline's memory side): AdamW's update, 28 bytes
-    per parameter it holds (read weight, gradient and two moments, write weight and moments), and every saved
-    activation ACTIVATION_PASSES times (eager, unfused: forward writes it and the next operator reads it, backward
-    reads it and writes and reads its gradient)."""
-    params = shape.n_params / (lay.tp * lay.pp)
-    held = params / lay.dp if lay.sharding in ("fsdp", "zero1", "zero2") else params
-    return 28 * held + ACTIVATION_PASSES * saved_activations
-
-
 def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
-    """(bytes by part, the method, the saved activations of the step) per GPU."""
+    """(bytes by part, the method) per GPU."""
     from ..training.config import RunConfig
 
     preset = model if isinstance(model, str) and shape.source.startswith("scalekit") else getattr(model, "preset", None)
     if preset is not None and shape.source.startswith("scalekit"):
         from ..plan import estimate
 
-        cfg = RunConfig(preset=preset, toggles=toggles, batch_size=batch, seq_len=seq, device="cpu")
+        planned = {k: v for k, v in toggles.items() if k != "context_parallel"}
+        cfg = RunConfig(preset=preset, toggles=planned, batch_size=batch, seq_len=seq, device="cpu")
         est = estimate(cfg, device="cpu" if part.name.startswith("this-cpu") else "cuda",
                        world_size=lay.world if lay.world > 1 else None)
         mem = dict(params=est.params_bytes, grads=est.grads_bytes, optimizer_state=est.optimizer_state_bytes,
                    activations=est.activations_bytes, comm_buffers=0, peak=est.peak_bytes)
         assumptions.append("memory: scalekit.estimate's plan of the built-in GPT (its analytic inventory, per rank; "
-                           "communication buffers are inside its activations figure)")
-        saved = est.saved_activations_bytes or est.activations_bytes
-        return mem, "scalekit.estimate (" + est.method + ")", saved
+                           "communication buffers are inside its activations figure)"
+                           + (f"; context_parallel {lay.cp} planned as data parallel over the same ranks (each rank "
+                              f"holds as many tokens)" if lay.cp > 1 else ""))
+        return mem, "scalekit.estimate (" + est.method + ")"
     return _formula_memory(shape, lay, rows, seq, assumptions)
 
 
 def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, assumptions: list[str]):
     n = shape.n_params / (lay.tp * lay.pp)
-    shard = lay.dp
+    shard = lay.grad_ranks
     params = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
     grads = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
     state = 8 * n / (shard if lay.sharding in ("fsdp", "zero1", "zero2") else 1)
     s, b, h, a = seq, rows, shape.d, shape.n_head
-    per_layer = s * b * h * 34 + (0 if (lay.flash_attention or lay.checkpointing == "selective") else 5 * a * s * s * b)
-    per_layer /= lay.tp
+    per_layer = s * b * h * 34 + (0 if (lay.flash_attention or lay.checkpointing in SELECTIVE) else 5 * a * s * s * b)
+    per_layer /= lay.tp * lay.cp  # a context-parallel rank keeps its 1/cp of every sequence
     layers = shape.n_layer // lay.pp
     if isinstance(lay.checkpointing, int):
         kept = 2 * s * b * h * layers + per_layer  # layer boundaries, and one layer's whole during its backward
@@ -254,7 +326,7 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
         kept = per_layer * layers
     if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
         kept *= lay.micro_batches if lay.schedule == "gpipe" else min(lay.pp, lay.micro_batches)
-    head = b * s * shape.vocab * (lay.act_bytes + 4)  # the logits in the compute dtype and their fp32 log-softmax
+    head = b * s * shape.vocab * (lay.act_bytes + 4) / lay.cp  # the logits in the compute dtype and their fp32 log-softmax
     buffers = 0.0
     if lay.sharding == "fsdp":  # two units gathered (one prefetched) in the compute dtype, one unit's fp32 gradients
         buffers = 2 * shape.block_params * lay.act_bytes / lay.tp + 4 * shape.block_params / lay.tp
@@ -269,11 +341,11 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
     assumptions.append("memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
                        f"split over {shard} data-parallel ranks as {lay.sharding} splits them; activations by "
                        "Korthikanti et al. (2022): 34·s·b·h bytes per layer"
-                       + ("" if lay.flash_attention or lay.checkpointing == "selective" else " + 5·a·s²·b")
+                       + ("" if lay.flash_attention or lay.checkpointing in SELECTIVE else " + 5·a·s²·b")
                        + (", full recompute keeping 2·s·b·h per layer" if isinstance(lay.checkpointing, int) else "")
                        + "; the loss head's logits (compute dtype) and fp32 log-softmax; the peak as the sum (no "
                          "moment-by-moment walk)")
-    return mem, "formulas (Korthikanti et al. 2022; 16 bytes per parameter for mixed-precision AdamW)", per_layer * layers
+    return mem, "formulas (Korthikanti et al. 2022; 16 bytes per parameter for mixed-precision AdamW)"
 
 
 def _ops(model, toggles, shape) -> int:
@@ -286,13 +358,13 @@ def _ops(model, toggles, shape) -> int:
         return 0
     # per micro-batch: the caller multiplies by the micro-batches (gradient accumulation's steps included)
     local = {k: v for k, v in toggles.items() if k not in ("ddp", "fsdp", "zero", "tensor_parallel",
-                                                           "pipeline_parallel", "grad_accum")}
+                                                           "pipeline_parallel", "grad_accum", "context_parallel")}
     return count_step_ops(preset, tuple(sorted((k, str(v)) for k, v in local.items())))
 
 
 # the toggles the cost model has a term for; any other is predicted as if it were off (and said so)
 MODELLED = ("fsdp", "ddp", "zero", "tensor_parallel", "pipeline_parallel", "bf16", "fp16", "tf32", "checkpointing",
-            "sdpa", "grad_accum")
+            "sdpa", "grad_accum", "compile", "context_parallel")
 
 
 def unmodelled(toggles) -> list[str]:
@@ -300,30 +372,34 @@ def unmodelled(toggles) -> list[str]:
     return [t for t in _toggles(toggles) if t not in MODELLED]
 
 
-def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, traffic, toggles) -> list[str]:
+def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: dict, toggles) -> list[str]:
     lay = pred.layout
     out = [f"GPUs: {pred.gpus}; a group of ranks within one node talks over {part.intra_link}, across nodes over "
            f"{part.inter_link} (nodes of {GPUS_PER_NODE} unless per_node= says otherwise)",
            f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
            f"({part.sources.get('flops', 'measured by calibrate()')})",
            f"compute: a roofline per class of operator, matmul time + other operators' memory traffic time + per-op "
-           f"overhead; matmul "
-           f"efficiency {'read from the calibrated curve at the width ' + str(shape.d) if eff.matmul_curve else eff.matmul}"
-           f" ({eff.sources.get('matmul', '')})",
-           f"memory traffic: {traffic / 1e9:.2f} GB per step per GPU (AdamW 28 B per held parameter, saved "
-           f"activations {ACTIVATION_PASSES} passes: no fusion assumed) at {eff.memory:.2f} of "
-           f"{part.memory_bandwidth / 1e9:,.0f} GB/s ({eff.sources.get('memory', '')})",
+           f"overhead, from the operators of one forward counted on fake tensors in {counted['code']} "
+           f"(backward: matmuls 2×, fused attention 2.5×, other operators' bytes 2×); matmul "
+           f"efficiency {'read from the calibrated curve at each matmul' + chr(39) + 's size' if eff.matmul_curve else eff.matmul}"
+           f" ({eff.sources.get('matmul', '')})"
+           + (f"; fused attention at {eff.attention:.2f} of the peak ({eff.sources.get('attention', '')})"
+              if eff.attention and lay.flash_attention else ""),
+           f"memory traffic: {sum(counted['bytes'].values()) / 1e9:.2f} GB per step per GPU ("
+           + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counted["bytes"].items())
+           + f") at {eff.memory:.2f} of {part.memory_bandwidth / 1e9:,.0f} GB/s ({eff.sources.get('memory', '')})",
            f"collectives: α-β ring on the group's slowest link at {eff.link:.2f} of its bandwidth, α "
            f"{eff.latency_s * 1e6:.0f} µs ({eff.sources.get('link', '')})",
-           "FLOPs: 6N + 12·L·d·T per token (PaLM appendix B), plus what checkpointing recomputes"]
+           "model FLOPs (MFU): 6N + 12·L·d·T per token (PaLM appendix B); the hardware's include what checkpointing "
+           "recomputes and a fused attention's causal half"]
     out += [f"overlap {name}: {text}" for name, text in cost.OVERLAP_RULES.items()
             if any(c.overlap_rule == name for c in pred.collectives)]
     if lay.pp > 1:
         out.append(f"bubble: (p−1)/(m+p−1) = {cost.bubble_fraction(lay.pp, lay.micro_batches, lay.schedule):.3f} of "
                    f"the step for {lay.schedule} with {lay.pp} stages and {lay.micro_batches} micro-batches")
     out.append("per GPU, tokens count once per tensor-parallel group and pipeline; data loading is taken as hidden")
-    if lay.dp > 1 and lay.sharding == "none":
-        out.append(f"no data-parallel toggle: the {lay.dp} data-parallel groups split the batch but nothing "
+    if lay.grad_ranks > 1 and lay.sharding == "none":
+        out.append(f"no data-parallel toggle: the {lay.grad_ranks} data-parallel groups split the batch but nothing "
                    f"synchronises their gradients (a scalekit run refuses these toggles on these ranks): add fsdp (or ddp)")
     if unmodelled(toggles):
         out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "

@@ -55,8 +55,8 @@ def test_the_plans_are_ranked_by_predicted_tokens_per_s_per_gpu_each_as_predict_
     assert {"tokens_per_s_per_gpu", "peak_gib", "exposed_comm_ms", "bubble_ms", "fits"} <= set(frame.columns)
     text = str(s)
     assert "tok/s/GPU" in text and s.plans[0].plan.label in text and "why:" in text
-    # context parallel has no term in the cost model: not searched, and said
-    assert any("context (sequence) parallel" in n and "no term" in n for n in s.notes)
+    # what the search leaves out is said: expert parallelism (no mixture-of-experts shapes)
+    assert any("expert parallelism is not searched" in n for n in s.notes)
 
 
 def test_a_plan_that_does_not_fit_is_refused_with_its_numbers():
@@ -141,3 +141,13 @@ def test_a_presets_operator_count_is_per_micro_batch():
 def test_run_top_runs_only_where_the_plans_gpus_are_this_machines():
     s = plan_for("llama3-8b", "8xH100-SXM", batch_size=16, seq_len=4096, toggles=BF16, run_top=2)
     assert not s.measured and any("run_top=2: not run" in n and "'8xthis-cpu'" in n for n in s.notes)
+
+
+def test_context_parallel_degrees_are_searched_where_the_batch_is_smaller_than_the_gpus():
+    s = plan_for("llama3-8b", "8xH100-SXM", batch_size=2, seq_len=32768, toggles=BF16)
+    assert s.plans and all(r.plan.cp * r.plan.dp * r.plan.tp * r.plan.pp == 8 for r in s.plans)
+    assert any(r.plan.cp > 1 for r in s.plans) and any("cp " in r.plan.label for r in s.plans)
+    assert any("context parallel degrees" in n for n in s.notes)
+    best = s.plans[0]
+    assert predict("llama3-8b", "8xH100-SXM", toggles=best.plan.toggles(BF16), batch_size=2,
+                   seq_len=32768).tokens_per_s_per_gpu == pytest.approx(best.tokens_per_s_per_gpu)

@@ -130,3 +130,25 @@ def test_a_part_measured_here_that_cannot_fork_its_ranks_is_refused_in_one_line_
         assert main([command, "gpt2-124m", "--gpus", "CPU"]) == 2
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("scalekit: error: --gpus CPU: measuring this machine"), lines
+
+
+def test_context_parallel_splits_every_sequence_and_passes_k_v_around_its_ring():
+    long = dict(toggles={"fsdp": True, "bf16": True, "sdpa": True, "checkpointing": "selective"}, seq_len=32768)
+    with pytest.raises(ConfigError, match="batch_size 4 does not split into 8 data-parallel ranks"):
+        predict("llama3-8b", "8xH100-SXM", batch_size=4, **long)
+    whole = predict("llama3-8b", "4xH100-SXM", batch_size=4, **long)  # one sequence per GPU
+    split = predict("llama3-8b", "8xH100-SXM", batch_size=4, **{**long, "toggles": {**long["toggles"],
+                                                                                  "context_parallel": 2}})
+    assert (split.layout.dp, split.layout.cp, split.layout.grad_ranks) == (4, 2, 8)
+    # half of each sequence per GPU: half the activations (fused attention: linear in the tokens)
+    assert split.memory["activations"] == pytest.approx(whole.memory["activations"] / 2, rel=0.01)
+    shape = shape_of("llama3-8b")
+    ring = next(c for c in split.collectives if c.overlap_rule == "RING_OVERLAP")
+    kv_shard = 2 * 1 * (32768 // 2) * shape.n_kv_head * (shape.d // shape.n_head) * 2  # K and V, bf16, one row
+    assert (ring.op, ring.ranks) == ("send_recv", 2)
+    assert ring.bytes == 3 * (2 - 1) * shape.n_layer * kv_shard  # forward K/V; backward K/V and their gradients
+    assert 0 <= ring.exposed_s <= ring.time_s
+    assert all(c.ranks == 8 for c in split.collectives if c.op in ("all_gather", "reduce_scatter"))
+    with pytest.raises(ConfigError, match="seq_len 8196 does not divide into 8"):
+        predict("llama3-8b", "8xH100-SXM", batch_size=2, seq_len=8196,
+                toggles={"fsdp": True, "context_parallel": 4})
