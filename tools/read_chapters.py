@@ -5,7 +5,8 @@
 
 Writes `<out>/<chapter>.html` and `<out>/<chapter>/NN_<section>.png`, one picture per `##` section (the part of the
 page from its heading to the next), and prints what a reader should not meet on the page: outputs that are a
-bare return value (`'plotly_mimetype+notebook'`, `<Figure ...>`), warnings, tracebacks, and tables cut with "…".
+bare return value (`'plotly_mimetype+notebook'`, `<Figure ...>`), warnings, tracebacks, tables cut with "…", and libraries' own log lines (torchao's
+skipped .so kernels, transformers' loss_type line, ...).  The page it writes carries no widget state.
 Needs Chromium (`/usr/bin/chromium`) and Playwright, both part of the test set-up.
 """
 
@@ -20,6 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 SCRIPT = re.compile(r"<script\b.*?</script>", re.S | re.I)
+# what libraries print about themselves as they load or build a model, not what the page measured: torchao's
+# compiled kernels it skips, any library's missing .so, transformers' loss_type line, bitsandbytes' build, tokenizers
+# after a fork, generate's pad token, and a library's logger writing to the page
+LIBRARY_NOISE = re.compile(
+    r"Skipping import of cpp extensions|TORCHAO_FORCE_SKIP_LOADING_SO_FILES|"
+    r"(?:load|loading|find|import|open)\w* [^\n]{0,80}\.so\b|"
+    r"\.so\b[^\n]{0,80}(?:not found|cannot|failed|incompatible|undefined symbol)|cannot open shared object file|"
+    r"was set in the config but it is unrecognis|"
+    r"The installed version of bitsandbytes|bitsandbytes was compiled without|"
+    r"huggingface/tokenizers: The current process just got forked|"
+    r"Setting `pad_token_id` to `eos_token_id`|"
+    r"^(?:WARNING|INFO|ERROR):(?:root|torch|torchao|transformers|bitsandbytes|accelerate|peft)[.:]",
+    re.M | re.I)
 NOISE = [
     (re.compile(r"Warning:|warnings\.warn|UserWarning|FutureWarning|DeprecationWarning"), "a warning"),
     (re.compile(r"Traceback \(most recent call last\)"), "a traceback"),
@@ -28,6 +42,7 @@ NOISE = [
     (re.compile(r" \.\.\.  |\.\.\.</td>|<td>\.\.\.|\[\d+ rows x \d+ columns\]|\d+ rows × \d+ columns"),
      "a table cut short"),
     (re.compile(r"USDT|\[W[0-9]{3,}|STAGE:"), "profiler or C++ log lines"),
+    (LIBRARY_NOISE, "library log lines"),
 ]
 
 
@@ -38,10 +53,20 @@ def execute(path: Path, out: Path, timeout_s: int):
     from nbconvert.preprocessors import ExecutePreprocessor
 
     nb = nbformat.read(path, as_version=4)
-    ExecutePreprocessor(timeout=timeout_s).preprocess(nb, {"metadata": {"path": str(path.parent)}})
+    # no widget state: a Lab's plots hold tens of MB of points (99's page was 36 MB, 30.8 of them widget state); the
+    # static page shows the Lab's snapshot instead
+    ExecutePreprocessor(timeout=timeout_s, store_widget_state=False).preprocess(
+        nb, {"metadata": {"path": str(path.parent)}})
     html = out / f"{path.stem}.html"
-    html.write_text(HTMLExporter().from_notebook_node(nb)[0], encoding="utf-8")
+    html.write_text(HTMLExporter().from_notebook_node(without_widget_state(nb))[0], encoding="utf-8")
     return nb, html
+
+
+def without_widget_state(nb):
+    """`nb` with no widget state in its metadata (what an executed notebook saved by Jupyter carries); the views
+    in the outputs stay, and show as their plain-text fallback where the state is gone."""
+    nb.get("metadata", {}).pop("widgets", None)
+    return nb
 
 
 def noise(nb) -> list[str]:
@@ -56,11 +81,18 @@ def noise(nb) -> list[str]:
                 continue
             # what a static page shows: the HTML where there is some (a table cut by pandas shows there)
             text = output.get("text") or "".join(data.get("text/html", "")) or "".join(data.get("text/plain", ""))
-            text = SCRIPT.sub("", text)  # a figure's embedded plotly.js is code the page runs, not text it shows
-            for pattern, what in NOISE:
-                match = pattern.search(text)
-                if match:
-                    found.append(f"cell {i}: {what}: {text[max(0, match.start() - 60):match.end() + 60]!r}")
+            found += [f"cell {i}: {line}" for line in text_noise(text)]
+    return found
+
+
+def text_noise(text: str) -> list[str]:
+    """What a reader should not meet in one output's text (or HTML), one line per kind found: 'a warning: ...'."""
+    text = SCRIPT.sub("", text)  # a figure's embedded plotly.js is code the page runs, not text it shows
+    found = []
+    for pattern, what in NOISE:
+        match = pattern.search(text)
+        if match:
+            found.append(f"{what}: {text[max(0, match.start() - 60):match.end() + 60]!r}")
     return found
 
 

@@ -6,9 +6,11 @@ import dataclasses
 
 from ..checks import micro_batch_rows
 from ..errors import ConfigError
-from ..measure.stats import sentence
+from ..measure.stats import Interval, sentence, verdict
 from ..toggles import plan_facts
 from ..training.config import RunConfig
+from .crown import _ratio, _standing
+from .paired import MIN_GAIN, _over_budget
 from .space import Candidate, Search
 
 
@@ -76,6 +78,21 @@ class TuneResult:
         stop = f"; stopped early: {s.stopped}" if s.stopped else ""
         return (f"chose {self.best.describe()}: {gain}{speed}; after {len(s.candidates)} candidates in "
                 f"{s.elapsed_s:.0f} s; kept: {kept}{stop}")
+
+    def against_measured(self) -> list[tuple[str, Interval | None, str]]:
+        """The final check, as it stands: every other configuration measured that fits the budget, as (its label,
+        its speed-up over the winner through the paired rounds that link them, the verdict at 1 + MIN_GAIN).  After
+        a search none says 'faster': one that did would have been crowned."""
+        winner = _standing(self.search)
+        if winner is None:
+            return []
+        out = []
+        for s in self.search.standings:
+            if s is winner or _over_budget(s.peak_bytes, self.budget_bytes):
+                continue
+            iv = _ratio(s, winner)
+            out.append((s.label, iv, verdict(iv, 1 + MIN_GAIN) if iv else "the same rounds"))
+        return out
 
     def finding(self) -> str:
         """The winner against the baseline in the words its interval allows (scalekit.measure.stats.sentence):

@@ -158,3 +158,32 @@ def heldout_curves_figure(curves: dict, before: float | None = None,
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title="held-out loss (nats per token)",
                       legend_title_text="method", margin=dict(t=60, b=40), height=420)
     return fig
+
+
+PASS_COLORS = {"forward": "#4C78A8", "backward": "#F58518"}
+
+
+def pipeline_timeline_figure(timelines: dict, title: str = "A pipeline step as it ran: stage × time"):
+    """One panel per schedule (`timelines`: name -> scalekit.distributed.timeline.Timeline of one step): a row per
+    stage, a bar per micro-batch's forward (blue) or backward (orange) from its recorded start to its end, the
+    micro-batch's number on it; the gaps are the stage waiting (the bubble, and the sends and receives)."""
+    from plotly.subplots import make_subplots
+
+    names = list(timelines)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[f"{n}: {timelines[n].span_ms():.0f} ms, idle {timelines[n].idle_share():.0%}"
+                                        for n in names])
+    for row, name in enumerate(names, start=1):
+        passes = timelines[name].rows()
+        for kind, colour in PASS_COLORS.items():
+            mine = [p for p in passes if p["kind"] == kind]
+            fig.add_bar(orientation="h", name=kind, legendgroup=kind, showlegend=row == 1, marker_color=colour,
+                        y=[f"stage {p['stage']} (rank {p['rank']})" for p in mine],
+                        base=[p["start_ms"] for p in mine], x=[p["end_ms"] - p["start_ms"] for p in mine],
+                        text=[str(p["micro_batch"]) for p in mine], textposition="inside",
+                        hovertemplate="%{y}<br>" + kind + " of micro-batch %{text}<br>%{base:.1f} ms + %{x:.1f} ms"
+                                      "<extra></extra>", row=row, col=1)
+        fig.update_yaxes(autorange="reversed", row=row, col=1)
+    fig.update_xaxes(title_text="ms from the step's first forward", row=len(names), col=1)
+    fig.update_layout(barmode="overlay", title=title, height=170 + 150 * len(names), margin=dict(t=80, b=40))
+    return fig

@@ -32,3 +32,54 @@ def test_warnings_tracebacks_and_bare_return_values_are_reported():
             "data": {"text/plain": "'plotly_mimetype+notebook'"}}
     found = tool.noise(executed(stream, bare))
     assert [f.split(": ")[1] for f in found] == ["a warning", "a bare return value"]
+
+
+def test_library_log_lines_are_page_noise():
+    tool = load_tool("read_chapters")
+    lines = [
+        "Skipping import of cpp extensions due to incompatible torch version 2.13.0+cpu for torchao version 0.18.0",
+        "Failed to load /usr/lib/python3/site-packages/torchao/_C.so: undefined symbol",
+        "`loss_type=None` was set in the config but it is unrecognised.Using the default loss: `ForCausalLMLoss`.",
+        "huggingface/tokenizers: The current process just got forked, after parallelism has already been used.",
+        "WARNING:torchao.kernel:no cpp kernels",
+    ]
+    for line in lines:
+        assert [f.split(":")[0] for f in tool.text_noise(line)] == ["library log lines"], line
+    # what a page says of its own measurements is not noise, nor a word that merely ends in "so"
+    assert tool.text_noise("bf16 is faster than fp32: 1.32× (1.21–1.44× at 95%), and so is sdpa; also") == []
+    stream = {"output_type": "stream", "name": "stderr", "text": lines[0] + "\n"}
+    assert [f.split(": ")[1] for f in tool.noise(executed(stream))] == ["library log lines"]
+
+
+def test_the_page_it_writes_carries_no_widget_state(tmp_path, monkeypatch):
+    import nbconvert
+    import nbconvert.preprocessors
+
+    tool = load_tool("read_chapters")
+    seen = {}
+
+    class Executed:  # what executing a notebook with a Lab does: its widgets' state lands in the metadata
+        def __init__(self, **kwargs):
+            seen["kwargs"] = kwargs
+
+        def preprocess(self, nb, resources):
+            if seen["kwargs"].get("store_widget_state", True):
+                nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"x": "30 MB"}}}
+            return nb, resources
+
+    class Exporter:
+        def from_notebook_node(self, nb):
+            seen["exported"] = dict(nb.metadata)
+            return "<html></html>", {}
+
+    monkeypatch.setattr(nbconvert.preprocessors, "ExecutePreprocessor", Executed)
+    monkeypatch.setattr(nbconvert, "HTMLExporter", Exporter)
+    path = tmp_path / "page.ipynb"
+    nbformat.write(executed(), path)
+    nb, html = tool.execute(path, tmp_path, 10)
+    assert seen["kwargs"]["store_widget_state"] is False
+    assert "widgets" not in seen["exported"] and "widgets" not in nb.metadata and html.exists()
+    # and a notebook saved with widget state loses it on the way to the page
+    dirty = executed()
+    dirty.metadata["widgets"] = {"state": {}}
+    assert "widgets" not in tool.without_widget_state(dirty).metadata

@@ -181,6 +181,15 @@ def test_grad_accum_is_a_memory_lever_and_fp32_with_it_is_crowned_when_fastest_w
     assert crowned.label == "crowned: grad_accum=2 (to fit)" and result.best.toggles == {"grad_accum": 2}
     assert result.speedup_vs_start.estimate == pytest.approx(0.95)
     assert_no_measured_fitting_configuration_is_faster(result, machine, budget_bytes=200)
+    # what chapter 99 prints of the final check: every other configuration measured that fits, none faster
+    from scalekit.autotune import TuneResult
+
+    checked = TuneResult(result.best, result, 200, 1000).against_measured()
+    labels = [label for label, _, _ in checked]
+    assert "as given (bf16 + sdpa)" in labels and "checkpointing (to fit)" in labels and "baseline" not in labels
+    assert all(word != "faster" for _, _, word in checked)
+    slow = dict((label, iv) for label, iv, _ in checked)["as given (bf16 + sdpa)"]
+    assert slow.estimate == pytest.approx(0.08 / 0.95)  # through the baseline, the link both chains lack
 
 
 def test_grad_accum_is_tried_on_the_real_machine_and_a_count_that_cannot_split_the_batch_is_not():
