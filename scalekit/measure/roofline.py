@@ -367,3 +367,15 @@ def counted_call(fn: Callable[[], object]) -> tuple[float, float]:
         fn()
     ops = counter.costs()
     return sum(o.flops for o in ops), sum(o.nbytes for o in ops)
+
+
+def ops_frame(ops: list[OpCost], roof: Roof, overhead_s: float = 0.0, top: int | None = 8):
+    """A table of the longest operators (all with `top=None`): calls, MFLOP, KB moved, intensity, µs per step,
+    the GFLOP/s each reached, and what bounds it on `roof`."""
+    import pandas as pd
+
+    rows = [{"operator": o.label, "calls": round(o.calls, 1), "MFLOP": round(o.flops / 1e6, 3),
+             "KB moved": round(o.nbytes / 1e3, 1), "FLOP/byte": round(o.intensity, 2) if o.nbytes else None,
+             "µs per step": round(o.time_s * 1e6, 1), "GFLOP/s": round(o.flops_per_s / 1e9, 3),
+             "bound": o.bound(roof, overhead_s)} for o in ops[:top]]
+    return pd.DataFrame(rows).set_index("operator")
