@@ -98,3 +98,16 @@ def test_a_point_predicted_on_another_part_takes_the_roofs_time():
     op = rl.OpCost("mm", "", "", 2, 1000.0, 100.0, 7.0)
     (moved,) = rl.predicted_on(roof, [op], bytes_scale=0.5)
     assert moved.nbytes == 50.0 and moved.time_s == 1.0 and moved.flops_per_s == 1000.0
+
+
+def test_two_versions_of_an_operator_timed_side_by_side():
+    a, b = torch.randn(32, 32), torch.randn(32, 32)
+    candidates = {"matmul": lambda: a @ b, "sum": lambda: a.sum()}
+    counts = {label: rl.counted_call(fn) for label, fn in candidates.items()}
+    assert counts["matmul"] == (rl.matmul_flops(32, 32, 32), rl.matmul_bytes(32, 32, 32, 4))
+    pair = rl.side_by_side(candidates, counts, rounds=3, timings=3, window_s=0.001, threads=1)
+    assert [len(pair.rounds[label]) for label in candidates] == [3, 3]
+    assert all(len(run) == 3 for runs in pair.rounds.values() for run in runs)
+    assert pair.ops["matmul"].flops == counts["matmul"][0] and pair.ops["sum"].time_s > 0
+    assert pair.interval("sum", "matmul").rounds == 3
+    assert pair.sentence("sum", "matmul").startswith("sum ")
