@@ -12,9 +12,11 @@ autograd and autocast, and records for each:
   it counts 2·m·k·n for a matmul and leaves a bias add out), the CPU attention kernel's through the same
   formulas, a layer norm as `LAYER_NORM_FLOPS` per element and a softmax as `SOFTMAX_FLOPS`, data movement
   (copies, casts, gathers, fills) as none, and every other operator one FLOP per element of its largest tensor
-  (an element-wise op's count; what sits below one FLOP per byte stays there whatever the exact count);
+  (an element-wise op's count, a `_foreach_` op's over every tensor of its list; what sits below one FLOP per
+  byte stays there whatever the exact count);
 - bytes: what it reads and writes, each tensor argument and result once, at its dtype (a broadcast dimension,
-  stride 0, read once); a view moves nothing and is not recorded;
+  stride 0, read once; the tensors an in-place update returns nothing of, written); a view moves nothing and is
+  not recorded;
 - time: the wall time of the call (a CPU runs an operator before it returns), per step.
 Operators are grouped by name, input shapes and dtype.
 """
@@ -169,6 +171,13 @@ def _shapes(args) -> str:
     return ", ".join(out)
 
 
+def _written_in_place(func, args) -> list[torch.Tensor]:
+    """The tensors an operator that returns nothing writes into (a `_foreach_..._` update of a list)."""
+    schema = func._schema.arguments
+    return [t for arg, value in zip(schema, args, strict=False)
+            if arg.alias_info is not None and arg.alias_info.is_write for t in _tensors(value)]
+
+
 def _cpu_attention(args, kwargs, out):
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -199,7 +208,11 @@ def op_flops(func, args, kwargs, out) -> int:
         return int(EXTRA_FORMULAS[name](args, kwargs, out))
     if name in MOVES:
         return 0
-    largest = max((t.numel() for t in _tensors((args, kwargs, out))), default=0)
+    lists = [a for a in args if isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)]
+    if lists:  # a _foreach_ operator: element-wise over every tensor of its list
+        largest = sum(t.numel() for t in lists[0])
+    else:
+        largest = max((t.numel() for t in _tensors((args, kwargs, out))), default=0)
     per_element = {"native_layer_norm": LAYER_NORM_FLOPS, "_softmax": SOFTMAX_FLOPS,
                    "_log_softmax": SOFTMAX_FLOPS}.get(name, 1)
     return per_element * largest
@@ -232,7 +245,8 @@ class OpCounter(TorchDispatchMode):
         inputs = _tensors((args, kwargs))
         dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else ""
         key = (func.__name__.split(".")[0], _shapes(args), dtype)
-        nbytes = sum(tensor_bytes(t) for t in inputs + _tensors(out))
+        written = _tensors(out) or _written_in_place(func, args)
+        nbytes = sum(tensor_bytes(t) for t in inputs + written)
         row = self.totals.setdefault(key, [0, 0, 0, 0.0])
         row[0] += 1
         row[1] += op_flops(func, args, kwargs, out)

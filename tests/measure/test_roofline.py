@@ -42,12 +42,15 @@ def test_a_linear_and_a_layer_norm_count_as_the_formulas():
     assert op.nbytes == rl.layer_norm_bytes(12, 16, 4) == (2 * 12 * 16 + 2 * 16) * 4 + 2 * 12 * 4
 
 
-def test_views_move_nothing_and_a_broadcast_input_is_read_once():
+def test_views_move_nothing_a_broadcast_input_is_read_once_and_a_list_counts_whole():
     x = torch.randn(4, 3)
     assert counted(lambda: x.t().unsqueeze(0)[0].view(3, 4)) == []
     row = torch.randn(3)
     (op,) = counted(lambda: x + row.expand(4, 3))
     assert op.nbytes == (12 + 3 + 12) * 4 and op.flops == 12
+    params = [torch.zeros(5), torch.zeros(2, 3)]
+    (op,) = counted(lambda: torch._foreach_add_(params, 1.0))  # an optimizer's update, every tensor at once
+    assert op.op == "_foreach_add_" and op.flops == 11 and op.nbytes == 2 * 11 * 4
 
 
 def test_the_matmuls_of_a_step_are_what_torchs_own_counter_counts():
