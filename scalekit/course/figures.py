@@ -186,4 +186,49 @@ def pipeline_timeline_figure(timelines: dict, title: str = "A pipeline step as i
         fig.update_yaxes(autorange="reversed", row=row, col=1)
     fig.update_xaxes(title_text="ms from the step's first forward", row=len(names), col=1)
     fig.update_layout(barmode="overlay", title=title, height=170 + 150 * len(names), margin=dict(t=80, b=40))
+
+BOUND_COLORS = {"compute": "#54A24B", "memory": "#4C78A8", "overhead": "#E45756"}
+ROOF_COLORS = ["#111827", "#F58518", "#B279A2", "#72B7B2"]
+
+
+def roofline_figure(roofs, ops_by_label: dict, overhead_s: float = 0.0, title: str = "The roofline",
+                    symbols=("circle", "diamond", "square", "triangle-up")):
+    """Log-log: each of `roofs` (scalekit.measure.roofline.Roof) as min(peak, intensity × bandwidth) with its
+    ridge point marked; each operator of `ops_by_label` (label → OpCosts) as a point at its arithmetic intensity
+    and the FLOP/s it reached, sized by its share of the time, coloured by what bounds it on the first roof
+    (`overhead_s`: the cost of one operator).  Operators that do no arithmetic have no point (their time is
+    data movement)."""
+    import math
+
+    import plotly.graph_objects as go
+
+    points = {label: [o for o in ops if o.flops and o.nbytes and o.time_s] for label, ops in ops_by_label.items()}
+    shown = [o for ops in points.values() for o in ops]
+    xs = [o.intensity for o in shown] + [r.ridge for r in roofs]
+    low, high = min(xs) / 4, max(xs) * 4
+    longest = max((o.time_s for o in shown), default=1.0)
+    fig = go.Figure()
+    for i, roof in enumerate(roofs):
+        colour = ROOF_COLORS[i % len(ROOF_COLORS)]
+        grid = sorted({low, high, roof.ridge})
+        fig.add_scatter(x=grid, y=[roof.attainable(x) for x in grid], mode="lines", name=roof.name,
+                        line=dict(color=colour, width=2), hovertemplate="intensity %{x:.3g} FLOP/B: at most "
+                        "%{y:.3g} FLOP/s<extra>" + roof.name + "</extra>")
+        fig.add_scatter(x=[roof.ridge], y=[roof.peak_flops], mode="markers+text", showlegend=False,
+                        marker=dict(color=colour, size=8, symbol="x"), text=[f"ridge {roof.ridge:.3g}"],
+                        textposition="top left", hoverinfo="skip")
+    for j, (label, ops) in enumerate(points.items()):
+        kinds = [o.bound(roofs[0], overhead_s) for o in ops]
+        fig.add_scatter(
+            x=[o.intensity for o in ops], y=[o.flops_per_s for o in ops], mode="markers", name=label,
+            marker=dict(size=[6 + 34 * math.sqrt(o.time_s / longest) for o in ops], opacity=0.7,
+                        color=[BOUND_COLORS.get(k, "#9ca3af") for k in kinds], symbol=symbols[j % len(symbols)],
+                        line=dict(color="#111827", width=0.5)),
+            text=[f"{o.label}<br>{o.calls:g} calls, {o.time_s * 1e3:.3g} ms per step, {k}-bound"
+                  for o, k in zip(ops, kinds, strict=True)],
+            hovertemplate="%{text}<br>%{x:.3g} FLOP/B, %{y:.3g} FLOP/s<extra>" + label + "</extra>")
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOPs per byte moved)")
+    fig.update_yaxes(type="log", title_text="FLOP/s")
+    fig.update_layout(title=title, height=460, margin=dict(t=60, b=50), template="plotly_white",
+                      legend_title_text="colour: green compute-, blue memory-, red overhead-bound")
     return fig
