@@ -91,6 +91,12 @@ def expected_bytes(routings: list[Routing], experts: int, d_model: int, element_
     return [int(2 * (a + b) * d_model * element_bytes) for a, b in zip(away, returned, strict=True)]
 
 
+def uniform_bytes(tokens: int, top_k: int, world: int, d_model: int, element_bytes: int = 4) -> float:
+    """`expected_bytes` when the router spreads every rank's tokens evenly and drops none: each of a rank's
+    tokens*k rows goes elsewhere with chance (W-1)/W, as many come back, and backward repeats both."""
+    return 4 * tokens * top_k * (world - 1) / world * d_model * element_bytes
+
+
 @contextlib.contextmanager
 def count_sends(group=None):
     """Wraps torch.distributed.all_to_all_single in this process: yields a Counter of the bytes this rank sent to

@@ -10,7 +10,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from scalekit.distributed.expert_parallel import ExpertParallelMoE, count_sends, expected_bytes
+from scalekit.distributed.expert_parallel import ExpertParallelMoE, count_sends, expected_bytes, uniform_bytes
 from scalekit.launch import launch
 from scalekit.models.moe import MoE, capacity_of, route
 from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
@@ -82,3 +82,5 @@ def test_expected_bytes_counts_only_rows_that_cross_ranks():
     routings = [route(lg, 1, capacity_of(len(lg), 4, 1, None)) for lg in logits]
     # rank 0 sends 2 rows away and returns 2; rank 1 sends 2 away and returns 2; twice (backward), 4 floats each
     assert expected_bytes(routings, 4, d_model=4) == [2 * (2 + 2) * 16, 2 * (2 + 2) * 16]
+    even = [route(torch.eye(4) * 9, 1, 4)] * 2  # each rank's 4 tokens, one per expert: half of them cross
+    assert expected_bytes(even, 4, d_model=4) == [uniform_bytes(4, 1, 2, d_model=4)] * 2
