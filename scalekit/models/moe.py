@@ -17,6 +17,7 @@ the output (Megatron-Core's MoEAuxLossAutoScaler does the same), so the layer tr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -63,6 +64,11 @@ class Routing:
     def dropped(self) -> int:
         """Assignments dropped for want of capacity."""
         return int((~self.kept).sum())
+
+    def __deepcopy__(self, memo) -> Routing:
+        # a copy of the layer (copy.deepcopy(moe)) copies its last routing as plain values, not the graph behind them
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Routing(**{k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
 
 def capacity_of(tokens: int, experts: int, top_k: int, capacity_factor: float | None) -> int:

@@ -78,6 +78,8 @@ def test_aux_weight_trains_the_balance_loss_without_changing_the_output():
     (plain(x).sum() + 0.5 * plain.last.aux_loss).backward()  # the loss added: what aux_weight's gradient equals
     weighted(x).sum().backward()
     torch.testing.assert_close(weighted.router.weight.grad, plain.router.weight.grad)
+    copied = copy.deepcopy(weighted)  # after a forward that kept its routing: the copy keeps the values, no graph
+    assert copied.last.aux_loss.grad_fn is None and copied.last.dropped == weighted.last.dropped
 
 
 def test_a_moe_gpt_trains_and_reports_its_routing():
