@@ -85,10 +85,10 @@ def test_aux_weight_trains_the_balance_loss_without_changing_the_output():
 def test_a_moe_gpt_trains_and_reports_its_routing():
     torch.manual_seed(3)
     model = moe_gpt(GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16)), experts=4, top_k=2)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
     idx = torch.randint(0, 32, (4, 16))
     losses = []
-    for _ in range(8):
+    for _ in range(5):
         _, loss = model(idx, idx)
         losses.append(loss.item())
         loss.backward()
