@@ -96,8 +96,9 @@ def collective_call(op: str, nbytes: int, ranks: int):
 def time_collectives(sizes, repeats: int = 5, ops=OPS) -> list[dict]:
     """Each of `ops` at each of `sizes` (bytes), timed `repeats` times after one warm-up call, the ops in a
     rotating order so drift on a shared machine falls on all of them; a timing starts after a barrier and is
-    the slowest rank's.  Rows {op, bytes, seconds (median), all_s}, the same on every rank (call it on every
-    rank, in a live process group)."""
+    the slowest rank's.  Rows {op, bytes, seconds (the median), best_s (the fastest: other processes can only
+    slow a timing down, so on a shared machine it is the closest to the collective's own cost), all_s}, the same on
+    every rank (call it on every rank, in a live process group)."""
     n = dist.get_world_size()
     mine: dict[tuple[str, int], list[float]] = {}
     for size in sizes:
@@ -116,7 +117,8 @@ def time_collectives(sizes, repeats: int = 5, ops=OPS) -> list[dict]:
     rows = []
     for (op, nbytes) in mine:
         slowest = [max(times) for times in zip(*(rank[(op, nbytes)] for rank in every), strict=True)]
-        rows.append({"op": op, "bytes": nbytes, "seconds": statistics.median(slowest), "all_s": slowest})
+        rows.append({"op": op, "bytes": nbytes, "seconds": statistics.median(slowest), "best_s": min(slowest),
+                     "all_s": slowest})
     return rows
 
 
