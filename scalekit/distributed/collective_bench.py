@@ -215,7 +215,8 @@ def recording():
     depth = [0]  # a deprecated spelling calls the new one: count the outer call only
     targets = [(dist, name, kind) for name, kind in WRAPPED.items() if hasattr(dist, name)]
     targets.append((_functional(), "all_reduce", ("all_reduce", "self")))
-    targets.append((dist, "_broadcast_coalesced", ("broadcast", None)))  # DDP's buffers: (group, tensors, ...)
+    if hasattr(dist, "_broadcast_coalesced"):  # DDP's buffers each forward: (group, tensors, buffer size, source)
+        targets.append((dist, "_broadcast_coalesced", ("broadcast", None)))
     originals = [(module, name, getattr(module, name)) for module, name, _ in targets]
 
     def wrap(fn, op, arg):
