@@ -272,8 +272,9 @@ def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateRe
     interval, why, (short, detail) = _compared(result, baseline)
     if short:
         word = BUSY_VERDICT if short == "machine busy" else f"unreliable ({short})"
-        text = (f"{result.label} against {baseline.label}: {word}, {_figures(interval)}; {detail}; "
-                f"measure again on a quiet machine, or in rounds (repeats=3)")
+        cure = ("measure more steps, or more rounds" if interval.method != "one run each" else
+                "measure again on a quiet machine, or in rounds (repeats=3)")
+        text = f"{result.label} against {baseline.label}: {word}, {_figures(interval)}; {detail}; {cure}"
     else:
         text = sentence(result.label, interval, baseline.label)
     return f"{text} ({why})" if why else text

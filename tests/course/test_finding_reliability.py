@@ -50,3 +50,23 @@ def test_an_interval_too_wide_to_tell_the_size_is_unreliable_on_either_side_of_o
 def test_loads_not_known_say_nothing_about_busier():
     assert unreliable_reason(ONE_EACH, None, load(5.0)) == ("", "")
     assert unreliable_reason(ONE_EACH, load(None), load(5.0)) == ("", "")
+
+
+def test_the_sentence_names_the_reason_the_figures_and_the_cure(monkeypatch):
+    from scalekit.course import chapter
+    from scalekit.training.results import RunResult
+
+    base, other = RunResult(label="baseline", config={}), RunResult(label="sdpa", config={})
+    base.load, other.load = load(0.1), load(1.5)
+    monkeypatch.setattr(chapter, "speedup_over", lambda b, r: (ONE_EACH, ""))
+    text = chapter.finding(other, base)
+    assert text == ("sdpa against baseline: unreliable (the machine was busier while sdpa measured), 1.30× "
+                    "(1.20–1.41× at 95%, one run each); other processes used 1.50 of 8 cores while sdpa measured, "
+                    "0.10 while baseline did; measure again on a quiet machine, or in rounds (repeats=3)")
+    assert chapter.finding_verdict(other, base) == "unreliable"
+    monkeypatch.setattr(chapter, "speedup_over", lambda b, r: (Interval(3.0, 1.2, 7.5, rounds=3), ""))
+    assert chapter.finding(other, base).endswith("measure more steps, or more rounds")
+    base.load = other.load = load(0.1)
+    monkeypatch.setattr(chapter, "speedup_over", lambda b, r: (ONE_EACH, ""))
+    assert chapter.finding(other, base).startswith("sdpa is faster than baseline: 1.30×")
+    assert chapter.finding_verdict(other, base) == "faster"
