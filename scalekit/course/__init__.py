@@ -6,14 +6,16 @@ never used as results)."""
 from .chapter import (
            Table,
            finding,
+           finding_verdict,
            on_gpu,
            pick,
            quiet_output,
            setup_page,
            show_code,
            table,
+           unreliable_reason,
            what_you_measured,
 )
 
-__all__ = ["Table", "finding", "on_gpu", "pick", "quiet_output", "setup_page", "show_code", "table",
-           "what_you_measured"]
+__all__ = ["Table", "finding", "finding_verdict", "on_gpu", "pick", "quiet_output", "setup_page", "show_code", "table",
+           "unreliable_reason", "what_you_measured"]

@@ -15,7 +15,8 @@ import warnings
 
 from ..inference.results import GenerateResult, compare_generations, generation_speedup
 from ..machine.hardware import cuda_gpu_present
-from ..measure.stats import sentence
+from ..measure.load import MachineLoad
+from ..measure.stats import BUSY_VERDICT, Interval, sentence
 from ..toggles import TOGGLES
 from ..training.results import RunResult, compare, speedup_over
 
@@ -129,6 +130,7 @@ def table(results: list, columns=None, reference: dict | None = None, reference_
     out = pd.DataFrame({"run": full["run"]})
     out["speed-up (95%)"] = [_speedup_text(row) for row in full.to_dict("records")]
     out["verdict"] = full["verdict"].fillna("")
+    full["note"] = _unreliable_rows(results, full, out)
     for c in columns:
         out[c] = [_round(v, digits) for v in full[c]]
     if reference is not None:
@@ -140,6 +142,21 @@ def table(results: list, columns=None, reference: dict | None = None, reference_
         raise ValueError(f"table() would show {len(out.columns)} columns; a reader takes in 8 at most: pass fewer "
                          f"columns (now {columns})")
     return Table(out.set_index("run"))
+
+
+def _unreliable_rows(results: list, full, out) -> list[str]:
+    """Each row's note, with `finding`'s reason where it calls the row unreliable (its verdict then says so too):
+    the table and the sentences under it never disagree."""
+    notes = list(full["note"].fillna(""))
+    base = next((r for r, v in zip(results, full["verdict"], strict=True) if v == "baseline"), None)
+    for i, r in enumerate(results):
+        if base is None or r is base:
+            continue
+        interval, _, (short, detail) = _compared(r, base)
+        if short and interval is not None and short != "machine busy":
+            out.loc[i, "verdict"] = f"unreliable ({short})"
+            notes[i] = "; ".join(n for n in (notes[i], detail) if n)
+    return notes
 
 
 class Table:
@@ -200,15 +217,75 @@ def before_after(results: list[RunResult], reference_ms: dict[str, float] | None
     return df
 
 
-def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateResult) -> str:
-    """What `result` measured against `baseline`, in the words its interval allows: '<result> is faster than
-    <baseline>: 1.32× (1.21–1.44× at 95%, 3 rounds)', '... slower than ...', '... within noise of ...', or for
-    one run each with the machine busy during either, '<result> against <baseline>: unreliable (machine busy),
-    ...' (scalekit.measure.stats.sentence); runs that cannot be compared say why."""
+BUSIER_CORES = 0.25  # one run each: other processes' load differing by more than this many cores between the runs
+WIDE_RATIO = 2.0  # an interval whose ends differ by more than this factor says too little about the size
+
+
+def unreliable_reason(interval: Interval | None, base_load: MachineLoad | None, load: MachineLoad | None,
+                      subject: str = "the run", other: str = "the baseline") -> tuple[str, str]:
+    """Why a comparison cannot be read as faster or slower, as (short reason, the figures behind it), or ('', '')
+    when it can.  Pure: the interval and the two runs' loads (measure/load.py) decide it.
+
+    - one run each, the machine busy during either run (the load meter's threshold: the verdict is BUSY_VERDICT);
+    - one run each, other processes' load differing by more than BUSIER_CORES between the two runs: the interval
+      sees each run's step-to-step spread, never the machine slowing between them, so the ratio carries the
+      difference (rounds in alternating order carry it in their interval instead);
+    - an interval whose ends differ by more than WIDE_RATIO: whatever its side of 1, it cannot say by how much."""
+    if interval is None:
+        return "", ""
+    one_run_each = interval.method == "one run each"
+    base_cores = base_load.other_cpu_cores if base_load is not None else None
+    cores = load.other_cpu_cores if load is not None else None
+    loads = (f"other processes used {cores:.2f} of {load.cores} cores while {subject} measured, {base_cores:.2f} "
+             f"while {other} did" if cores is not None and base_cores is not None else "")
+    if one_run_each and interval.unreliable:
+        return "machine busy", loads or "the load meter saw other processes at work during one of the runs"
+    if one_run_each and loads and abs(cores - base_cores) > BUSIER_CORES:
+        busier = subject if cores > base_cores else other
+        return f"the machine was busier while {busier} measured", loads
+    width = interval.high / interval.low if interval.low > 0 else math.inf
+    if width > WIDE_RATIO:
+        return "interval too wide", (f"its ends differ by a factor of {width:.1f}, more than {WIDE_RATIO:g}: the "
+                                     f"steps varied too much to tell the size of a difference")
+    return "", ""
+
+
+def _figures(interval: Interval) -> str:
+    pct = f"{100 * interval.level:.0f}%"
+    text = f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {pct}"
+    return text + (", one run each)" if interval.method == "one run each" else f", {interval.rounds} rounds)")
+
+
+def _compared(result, baseline) -> tuple[Interval | None, str, tuple[str, str]]:
     speedup = generation_speedup if isinstance(result, GenerateResult) else speedup_over
     interval, why = speedup(baseline, result)
-    text = sentence(result.label, interval, baseline.label)
+    reason = unreliable_reason(interval, baseline.load, result.load, result.label, baseline.label)
+    return interval, why, reason
+
+
+def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateResult) -> str:
+    """What `result` measured against `baseline`, in the words its interval allows: '<result> is faster than
+    <baseline>: 1.32× (1.21–1.44× at 95%, 3 rounds)', '... slower than ...', '... within noise of ...', or
+    '<result> against <baseline>: unreliable (<why>), <figures>; <the numbers behind it>; ...' where the machine was
+    busy, busier during one run than the other, or the interval is too wide to say (`unreliable_reason`); runs
+    that cannot be compared say why."""
+    interval, why, (short, detail) = _compared(result, baseline)
+    if short:
+        word = BUSY_VERDICT if short == "machine busy" else f"unreliable ({short})"
+        cure = ("measure more steps, or more rounds" if interval.method != "one run each" else
+                "measure again on a quiet machine, or in rounds (repeats=3)")
+        text = f"{result.label} against {baseline.label}: {word}, {_figures(interval)}; {detail}; {cure}"
+    else:
+        text = sentence(result.label, interval, baseline.label)
     return f"{text} ({why})" if why else text
+
+
+def finding_verdict(result: RunResult | GenerateResult, baseline: RunResult | GenerateResult) -> str:
+    """The one word `finding` rests on: 'faster', 'slower', 'within noise', 'unreliable' or 'not compared'."""
+    interval, _, (short, _) = _compared(result, baseline)
+    if interval is None:
+        return "not compared"
+    return "unreliable" if short else interval.verdict
 
 
 class CodeBlock:

@@ -46,6 +46,11 @@ GPT_FAST_LLAMA2_7B_A100_TOKENS_PER_S = {
 }
 GPT_FAST_SOURCE = "gpt-fast: Llama-2-7B, batch 1, A100 (PyTorch blog, Nov 2023)"
 
+# The same model's decode rates as the gpt-fast repository's README gives them (A100 80GB, batch 1, compiled, static
+# cache): the figures benchmarks/predict_published.py holds the scale model against.
+GPT_FAST_README_LLAMA2_7B_A100_80GB_TOKENS_PER_S = {"bf16": 104.9, "int8": 155.6}
+GPT_FAST_README_SOURCE = "gpt-fast README (pytorch-labs/gpt-fast): Llama-2-7B, batch 1, A100 80GB"
+
 
 def recorded(name: str) -> dict | None:
     """A measurement recorded on a named machine by one of the repository's benchmarks (reference/NAME.json,

@@ -5,6 +5,14 @@ torch.compile generates, and small, honest timers for single operations.
 profiles whole steps (data, forward, backward, optimizer) and saves a Chrome trace that Perfetto
 (ui.perfetto.dev) or chrome://tracing opens.  Time is attributed by *self* time, so every microsecond
 is counted once: on a GPU the kernel time an op launched, on the CPU the op's own time.
+
+An op's category comes from where it ran before what it is: the optimizer, the data, then the model's
+attention modules (any module whose class name says Attention: the built-in GPT's, GPT-2's, Llama's ...).
+Their forward runs inside a profiler range (module hooks), and a backward op is traced to the forward op that
+made its autograd node by the sequence number both carry, so attention's QK^T and AV products (`aten::bmm`),
+its softmax and SDPA count as attention in the forward and the backward.  Its projections (the attention
+module's children that hold weights) stay matmuls.  A model without such modules, or a compiled one (hooks
+added after compilation would make it compile again), is categorised by the op's name alone.
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ from .config import RunConfig
 
 STEP_RANGE = "scalekit.step"
 DATA_RANGE = "scalekit.data"
+ATTENTION_RANGE = "scalekit.module: attention"  # an attention module's forward
+PROJECTION_RANGE = "scalekit.module: projection"  # a child of it that holds weights (q, k, v, output projections)
+MODULE_RANGES = (ATTENTION_RANGE, PROJECTION_RANGE)
+ATTENTION_MODULE = re.compile(r"attention", re.IGNORECASE)  # on the module's class name
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 # (category, pattern on the op name), first match wins; ancestry (optimizer, data) is checked before these
 CATEGORIES = (
@@ -76,26 +89,105 @@ class StepProfile:
         return self.events.table(sort_by=key, row_limit=n)
 
 
-def _category(event, ancestors: list[str]) -> str:
-    if any(a.startswith("Optimizer.step") for a in ancestors):
+def _category(event, ancestors: list, scope_of_sequence: dict[int, str] | None = None) -> str:
+    """The category of `event`, given its enclosing events (`ancestors`, nearest first, the event itself first) and
+    the module scope of each forward op's autograd sequence number (for a backward op)."""
+    names = [a.name for a in ancestors]
+    if any(n.startswith("Optimizer.step") for n in names):
         return "optimizer step"
-    if any(a.startswith("Optimizer.zero_grad") for a in ancestors):
+    if any(n.startswith("Optimizer.zero_grad") for n in names):
         return "zero_grad"
-    if DATA_RANGE in ancestors:
+    if DATA_RANGE in names:
         return "data loading"
+    if event.name in MODULE_RANGES:
+        return "other (Python, framework)"  # the Python between a module's ops
+    if _scope(ancestors, scope_of_sequence or {}) == ATTENTION_RANGE:
+        return "attention"
     for name, pattern in CATEGORIES:
         if re.search(pattern, event.name):
             return name
     return "other (Python, framework)"
 
 
-def _ancestors(event) -> list[str]:
-    names = [event.name]
+def _scope(ancestors: list, scope_of_sequence: dict[int, str]) -> str:
+    """The nearest module range around a forward op, or, in the backward, the one around the forward op whose
+    autograd node this op runs in (matched by sequence number); '' outside any."""
+    for a in ancestors:
+        if a.name in MODULE_RANGES:
+            return a.name
+        if a.name.startswith(BACKWARD_NODE):
+            return scope_of_sequence.get(a.sequence_nr, "")
+    return ""
+
+
+def _forward_scopes(events) -> dict[int, str]:
+    """Autograd sequence number -> the module range the forward op that took it ran in."""
+    scopes: dict[int, str] = {}
+    for ev in events:
+        if ev.sequence_nr < 0 or ev.name.startswith(BACKWARD_NODE) or ev.name in MODULE_RANGES:
+            continue
+        for a in _ancestors(ev):
+            if a.name.startswith(BACKWARD_NODE):
+                break  # an op run by the backward: its number is not a forward op's
+            if a.name in MODULE_RANGES:
+                scopes.setdefault(ev.sequence_nr, a.name)
+                break
+    return scopes
+
+
+def _ancestors(event) -> list:
+    """The event and the events around it, nearest first."""
+    out = [event]
     parent = event.cpu_parent
     while parent is not None:
-        names.append(parent.name)
+        out.append(parent)
         parent = parent.cpu_parent
-    return names
+    return out
+
+
+@contextlib.contextmanager
+def module_ranges(model: torch.nn.Module | None):
+    """Profiler ranges around the forward of each attention module of `model` (ATTENTION_RANGE) and of its
+    children that hold weights (PROJECTION_RANGE), through forward hooks removed at the end."""
+    handles = []
+    for module in _attention_modules(model):
+        handles += _hook(module, ATTENTION_RANGE)
+        for child in module.modules():
+            if child is not module and any(True for _ in child.parameters(recurse=False)):
+                handles += _hook(child, PROJECTION_RANGE)
+    try:
+        yield len(handles) // 2
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _attention_modules(model) -> list[torch.nn.Module]:
+    """The modules whose class name says attention, outermost only (an attention inside one is covered by it)."""
+    if model is None:
+        return []
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if ATTENTION_MODULE.search(type(module).__name__):
+            found.append(module)
+            inside.update(id(m) for m in module.modules())
+    return found
+
+
+def _hook(module: torch.nn.Module, name: str) -> list:
+    open_ranges: list = []
+
+    def enter(_module, _args):
+        open_ranges.append(record_function(name).__enter__())
+
+    def leave(_module, _args, _output):
+        if open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
 
 
 def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trace_path: str | Path | None = None,
@@ -113,6 +205,8 @@ def profile_steps(config: RunConfig, steps: int = 3, warmup_steps: int = 2, trac
             train_step(ctx, next(ctx.batches))
         synchronize(ctx.device)
         prof = profile(activities=activities)
+        # hooks added to a compiled model would make it compile again inside the profile
+        stack.enter_context(module_ranges(None if ctx.compiled else ctx.base_model))
         with without_kineto_banner():
             prof.start()
         try:
@@ -174,15 +268,17 @@ def op_table(prof, steps: int, on_gpu: bool):
     import pandas as pd
 
     self_attr = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    rows: dict[str, dict] = {}
+    rows: dict[tuple[str, str], dict] = {}  # by op and category: attention's aten::bmm apart from others'
     step_us = []
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CPU:
-            continue  # kernels are counted as the self device time of the op that launched them
+    events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CPU]
+    # (kernels are counted as the self device time of the op that launched them)
+    scopes = _forward_scopes(events)
+    for ev in events:
         if ev.name == STEP_RANGE:
             step_us.append(ev.cpu_time_total)
-        row = rows.setdefault(ev.name, {"op": ev.name, "calls": 0, "self_us": 0.0, "total_us": 0.0,
-                                        "category": _category(ev, _ancestors(ev))})
+        category = _category(ev, _ancestors(ev), scopes)
+        row = rows.setdefault((ev.name, category), {"op": ev.name, "calls": 0, "self_us": 0.0, "total_us": 0.0,
+                                                    "category": category})
         row["calls"] += 1
         row["self_us"] += getattr(ev, self_attr)
         row["total_us"] += ev.device_time_total if on_gpu else ev.cpu_time_total

@@ -59,11 +59,17 @@ def test_finding_says_what_the_table_says(two_runs):
     base, other = two_runs
     interval = course.speedup_over(base, other)[0]
     text = course.finding(other, base)
+    short, detail = course.unreliable_reason(interval, base.load, other.load, "sdpa", "baseline")
     if interval.verdict == BUSY_VERDICT:  # the machine was busy during one of the two runs
         assert text.startswith(f"sdpa against baseline: {BUSY_VERDICT}")
+    elif short:  # busier during one run than the other, or an interval too wide to tell the size
+        assert text.startswith(f"sdpa against baseline: unreliable ({short})") and detail in text
     else:
         assert text.startswith(f"sdpa is {interval.verdict}")
     assert f"{interval.estimate:.2f}×" in text
+    said = course.table([base, other]).frame.loc["sdpa", "verdict"]  # the table's verdict is the sentence's
+    assert said.startswith("unreliable") == ("unreliable" in text.split(":")[1])
+    assert course.finding_verdict(other, base) == ("unreliable" if short else interval.verdict)
 
 
 def test_what_you_measured_is_a_short_list():

@@ -111,3 +111,26 @@ def test_call_finding_says_which_call_is_faster():
     assert text.startswith("slow is slower than quick") and interval.high < 0.5
     text, interval = call_finding("quick", quick, "slow", slow, reps=3, warmup=0)
     assert interval is None and "too few" in text  # no interval from three calls each, and it says so
+
+
+def test_attention_is_counted_by_module_in_a_model_we_did_not_write():
+    # GPT-2 from transformers (eager attention): its QK^T and AV are aten::bmm calls inside GPT2Attention, two per
+    # layer forward and four in the backward; named by the op alone they would be matmuls
+    from scalekit.training.profiling import module_ranges
+    from tests.families import hf_model
+
+    model = hf_model("gpt2")
+    prof = profile_steps(RunConfig(model=model, seq_len=32, batch_size=2, device="cpu", threads=1), steps=1,
+                         warmup_steps=1)
+    ops = prof.ops
+    bmm = ops[ops["op"] == "aten::bmm"]
+    assert set(bmm["category"]) == {"attention"}
+    assert bmm["calls"].sum() == 6 * model.config.n_layer  # forward and backward, every layer
+    assert {"aten::_softmax", "aten::_softmax_backward_data"} <= set(ops[ops["category"] == "attention"]["op"])
+    assert set(ops[ops["op"] == "aten::addmm"]["category"]) == {"matmul"}  # the projections stay matmuls
+    cats = prof.by_category().set_index("category")
+    assert cats.loc["attention", "self_ms"] >= bmm["self_ms"].sum()
+    with module_ranges(model) as hooked:  # the hooks go when the profile ends
+        assert hooked == 3 * model.config.n_layer  # each layer's attention, its c_attn and its c_proj
+        assert model.transformer.h[0].attn._forward_hooks
+    assert not model.transformer.h[0].attn._forward_hooks and not model.transformer.h[0].attn._forward_pre_hooks
