@@ -2,7 +2,7 @@
 
 Each of N ranks holds 1/N of the sequence: its queries, keys and values.  Attention needs every key for every
 query, so the key/value blocks travel round a ring: at each of N steps a rank computes its queries against the
-block it holds (scalekit.models.online_softmax.key_block_attention), merges that partial result into its
+block it holds (scalekit.models.online_softmax.key_block_attention, tile by tile), merges that partial result into its
 running one by log-sum-exp, and passes the block to the next rank while receiving the previous rank's (Liu et
 al., "Ring Attention with Blockwise Transformers", 2023).  No rank ever holds the whole sequence's keys or the
 T×T scores; each sends (N−1) key/value blocks per attention call.
@@ -11,7 +11,8 @@ With a causal mask, a query sees only earlier keys.  Cut the sequence into N con
 queries see only its own block while the last rank's see every block: the work per rank grows with the rank,
 and every step waits for the slowest.  The zig-zag layout cuts the sequence into 2N chunks and gives rank r
 chunks r and 2N−1−r, one early and one late: every rank then has the same number of (query, key) pairs
-(`causal_pairs`).  This is the load balancing torch's context_parallel does by default (its head-tail
+(`causal_pairs`), and skipping the tiles wholly in a query's future makes that
+balance real work saved.  This is the load balancing torch's context_parallel does by default (its head-tail
 balancer), and Llama 3's training (Dubey et al., 2024).
 """
 
@@ -68,8 +69,8 @@ class RingStats:
     bytes_sent: int  # key/value bytes this rank sent to the next one
     compute_s: float  # seconds of attention math (blocks and merges)
     wait_s: float  # seconds waiting for the next block after the math (communication not hidden by it)
-    blocks_computed: int  # blocks of keys this rank's queries attended to
-    blocks_skipped: int  # blocks entirely in its queries' future (causal only)
+    tiles_computed: int  # (chunk of queries, chunk of keys) tiles computed: a chunk is a layout's contiguous run
+    tiles_skipped: int  # tiles entirely in their queries' future (causal only), never computed
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
@@ -88,7 +89,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     block = torch.stack((k, v)).contiguous()  # one message per step: keys and values together
-    stats = RingStats(bytes_sent=0, compute_s=0.0, wait_s=0.0, blocks_computed=0, blocks_skipped=0)
+    stats = RingStats(bytes_sent=0, compute_s=0.0, wait_s=0.0, tiles_computed=0, tiles_skipped=0)
+    chunk = seq_len // (world_size if layout == "contiguous" else 2 * world_size)  # tokens of one contiguous run
     for step in range(world_size):
         source = (rank - step) % world_size  # whose keys this block is
         pending, incoming = [], None
@@ -99,13 +101,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
             stats.bytes_sent += block.numel() * block.element_size()
         started = time.perf_counter()
         k_positions = shard_positions(seq_len, world_size, source, layout).to(q.device)
-        allowed = causal_allowed(q_positions, k_positions) if is_causal else None
-        if allowed is not None and not allowed.any():
-            stats.blocks_skipped += 1  # every key of this block is in every query's future
-        else:
-            part, part_lse = key_block_attention(q, block[0], block[1], allowed=allowed)
-            out, lse = merge(out, lse, part, part_lse)
-            stats.blocks_computed += 1
+        part, part_lse = _attend_by_chunks(q, block[0], block[1], q_positions, k_positions, chunk, is_causal, stats)
+        out, lse = merge(out, lse, part, part_lse)
         computed = time.perf_counter()
         stats.compute_s += computed - started
         if incoming is not None:
@@ -116,6 +113,27 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
             stats.wait_s += time.perf_counter() - computed
             block = incoming
     return out, stats
+
+
+def _attend_by_chunks(q, k, v, q_positions, k_positions, chunk: int, is_causal: bool, stats: RingStats):
+    """This rank's queries against one block of keys, tile by tile: a layout's chunks are contiguous runs of
+    positions, so under a causal mask a tile is wholly visible (no mask), wholly in the future (skipped) or on the
+    diagonal (masked).  Skipping whole tiles is what makes the zig-zag layout's balance real work saved."""
+    outs, lses = [], []
+    for q_chunk, q_pos in zip(q.split(chunk, -2), q_positions.split(chunk), strict=True):
+        out = torch.zeros_like(q_chunk)
+        lse = torch.full(q_chunk.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        for k_chunk, v_chunk, k_pos in zip(k.split(chunk, -2), v.split(chunk, -2), k_positions.split(chunk),
+                                           strict=True):
+            if is_causal and k_pos[0] > q_pos[-1]:
+                stats.tiles_skipped += 1  # every key in every query's future
+                continue
+            allowed = causal_allowed(q_pos, k_pos) if is_causal and k_pos[-1] > q_pos[0] else None
+            out, lse = merge(out, lse, *key_block_attention(q_chunk, k_chunk, v_chunk, allowed=allowed))
+            stats.tiles_computed += 1
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
 
 
 def _pass_on(block: torch.Tensor, incoming: torch.Tensor, nxt: int, prev: int,

@@ -36,7 +36,7 @@ def _every_case():
             dist.all_gather(parts, out)
             expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
             gaps[layout, is_causal] = (unshard(parts, layout) - expected).abs().max().item()
-            stats[layout, is_causal] = (st.bytes_sent, st.blocks_computed, st.blocks_skipped)
+            stats[layout, is_causal] = (st.bytes_sent, st.tiles_computed, st.tiles_skipped)
     dist.destroy_process_group()
     return gaps, stats
 
@@ -46,8 +46,10 @@ def test_ring_attention_on_two_ranks_equals_one_process():
     for rank, (gaps, stats) in enumerate(launch(_every_case, nprocs=2, timeout_s=120)):
         assert max(gaps.values()) < FP32_TOL, gaps
         assert {s[0] for s in stats.values()} == {block_bytes}  # one block passed on, by every rank
+        assert stats["contiguous", False] == (block_bytes, 2, 0)
         assert stats["contiguous", True] == (block_bytes, 1 + rank, 1 - rank)  # rank 0 skips rank 1's future keys
-        assert stats["zigzag", True] == (block_bytes, 2, 0)
+        assert stats["zigzag", True] == (block_bytes, 5, 3)  # the same work on both ranks: 2 diagonal tiles, 3 whole
+        assert stats["zigzag", False] == (block_bytes, 8, 0)
 
 
 def test_layouts_cover_the_sequence_once_and_zigzag_balances_causal_work():
