@@ -3,7 +3,7 @@
 softmax(s)·V over all keys needs every score of a row before the first probability is known.  The online
 softmax keeps, per query row, a running maximum m, a running sum l of exp(s − m) and an unnormalised output
 acc = Σ exp(s − m)·v.  A new block of keys with a larger maximum m' rescales what was kept by exp(m − m'), so
-the T×T score matrix never exists: only one (T × block) tile of it at a time (Milakov & Gimelshein, 2018;
+the T×T score matrix never exists: only one tile of it at a time (Milakov & Gimelshein, 2018;
 Dao et al., "FlashAttention", 2022).  The result is exact, up to floating-point summation order.
 
 The same state merges two partial attentions over disjoint sets of keys through their log-sum-exp
@@ -50,24 +50,35 @@ def causal_allowed(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torc
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_size: int = 64,
                     is_causal: bool = False, return_lse: bool = False):
-    """softmax(q·kᵀ/√d)·v computed over blocks of `block_size` keys with the online softmax: what
-    F.scaled_dot_product_attention(q, k, v, is_causal=is_causal) computes, holding one (Tq × block) tile of
-    scores at a time.  With is_causal, query i sees keys 0..i (queries and keys start at position 0), and
-    blocks entirely in a row's future are skipped."""
+    """softmax(q·kᵀ/√d)·v computed tile by tile with the online softmax: what
+    F.scaled_dot_product_attention(q, k, v, is_causal=is_causal) computes, holding one (block × block) tile of
+    scores at a time.  Queries go in blocks of `block_size`, and for each, the keys in blocks of `block_size`
+    (FlashAttention's two loops).  With is_causal, query i sees keys 0..i (queries and keys start at position 0):
+    a key block wholly in a query block's future is never computed, one across the diagonal is masked."""
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
+    outs, lses = [], []
+    for q_start in range(0, q.size(-2), block_size):
+        out, lse = _query_block(q[..., q_start:q_start + block_size, :], k, v, q_start, block_size, is_causal)
+        outs.append(out)
+        lses.append(lse)
+    out = torch.cat(outs, dim=-2)
+    return (out, torch.cat(lses, dim=-1)) if return_lse else out
+
+
+def _query_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, block_size: int,
+                 is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of queries (at positions q_start...) against every key block it may see: the online softmax."""
     scale = q.size(-1) ** -0.5
-    t_q, t_k = q.size(-2), k.size(-2)
-    q_positions = torch.arange(t_q, device=q.device)
-    running_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # m, (..., Tq)
+    q_positions = torch.arange(q_start, q_start + q.size(-2), device=q.device)
+    running_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # m, (..., block)
     running_sum = torch.zeros_like(running_max)  # l = Σ exp(s − m)
     acc = torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)  # Σ exp(s − m)·v
-    for start in range(0, t_k, block_size):
-        if is_causal and start > t_q - 1:
-            break  # every later key is in every query's future
-        stop = min(start + block_size, t_k)
-        scores = (q @ k[..., start:stop, :].transpose(-2, -1)) * scale  # (..., Tq, block)
-        if is_causal:
+    last_key = int(q_positions[-1]) if is_causal else k.size(-2) - 1
+    for start in range(0, last_key + 1, block_size):  # key blocks wholly in these queries' future: never computed
+        stop = min(start + block_size, k.size(-2))
+        scores = (q @ k[..., start:stop, :].transpose(-2, -1)) * scale  # (..., block, block): one tile
+        if is_causal and stop - 1 > q_start:  # the tile crosses the diagonal
             allowed = causal_allowed(q_positions, torch.arange(start, stop, device=q.device))
             scores = scores.masked_fill(~allowed, float("-inf"))
         new_max = torch.maximum(running_max, scores.amax(dim=-1))
@@ -77,7 +88,4 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_
         running_sum = running_sum * rescale + probs.sum(dim=-1)
         acc = acc * rescale.unsqueeze(-1) + probs @ v[..., start:stop, :]
         running_max = new_max
-    out = acc / running_sum.unsqueeze(-1)
-    if not return_lse:
-        return out
-    return out, running_max + torch.log(running_sum)
+    return acc / running_sum.unsqueeze(-1), running_max + torch.log(running_sum)
