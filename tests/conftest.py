@@ -60,7 +60,7 @@ def forks_ranks(path: Path) -> bool:
 
 
 # nbval's kernels are forked from a server that has already imported torch, scalekit, plotly and transformers
-# (tests/preloaded_kernel.py says how, and what a kernel still gets fresh): each of the 31 notebooks' kernels
+# (tests/preloaded_kernel.py says how, and what a kernel still gets fresh): each notebook's kernel
 # would otherwise spend 4-9 s of CPU importing them again.  SCALEKIT_TEST_PLAIN_KERNELS=1 runs plain kernels.
 _KERNEL_SERVER: dict = {}
 
