@@ -70,9 +70,28 @@ class Timeline:
     elapsed_ms: list[float]
     bytes: dict[str, list[int]]
     total_bytes: list[int]  # the bytes alive after each op, counted apart from their categories
+    # after each op: bytes freed by resizing a storage (FSDP2's gathered weights) that a count which reads a
+    # storage's size once (memory.LiveTensorBytes, the engine's CPU peak) still holds
+    resized_away_bytes: list[int]
     recorded_ms: float  # the recorded step's wall time, recording included
+    plain_ms: float | None = None  # an unrecorded step's, where one was timed beside it (training.timeline)
+    load: object | None = None  # measure.load.MachineLoad while they were timed: busy makes the ratio unreliable
     allocator_bytes: list[int] | None = None  # GPU: the caching allocator's bytes after each of its events
     allocator_peak_bytes: int | None = None
+
+    @property
+    def overhead(self) -> float | None:
+        """How many times longer the recorded step took than a plain one beside it (None if none was timed)."""
+        return self.recorded_ms / self.plain_ms if self.plain_ms else None
+
+    def overhead_sentence(self) -> str:
+        """What recording cost, in words, with the machine's load where it makes the figure unreliable."""
+        if self.overhead is None:
+            return f"the recorded step took {self.recorded_ms:.0f} ms (no plain step was timed beside it)"
+        text = (f"recording every op made the step {self.overhead:.2f}× as long as a plain one beside it "
+                f"({self.recorded_ms:.0f} against {self.plain_ms:.0f} ms)")
+        note = getattr(self.load, "note", "")
+        return f"{text}; {note}" if note else text
 
     @property
     def categories(self) -> list[str]:
@@ -90,6 +109,12 @@ class Timeline:
     @property
     def peak_bytes(self) -> int:
         return self.total_bytes[self.peak_index]
+
+    @property
+    def peak_blind_to_resizes(self) -> int:
+        """The peak a count that reads each storage's size once reports (memory.LiveTensorBytes, so the engine's
+        CPU peak): it holds FSDP2's gathered weights from their first gather to the end of the step."""
+        return max(t + r for t, r in zip(self.total_bytes, self.resized_away_bytes, strict=True))
 
     def at(self, i: int) -> dict[str, int]:
         return {c: self.bytes[c][i] for c in CATEGORIES}
@@ -123,10 +148,10 @@ class Timeline:
 class _Storage:
     """What the recorder knows of one storage while it lives: its current allocation's id and size."""
 
-    __slots__ = ("alloc", "nbytes", "ref")
+    __slots__ = ("alloc", "nbytes", "first")
 
-    def __init__(self, alloc: int, nbytes: int, ref=None) -> None:
-        self.alloc, self.nbytes, self.ref = alloc, nbytes, ref
+    def __init__(self, alloc: int, nbytes: int) -> None:
+        self.alloc, self.nbytes, self.first = alloc, nbytes, nbytes  # first: its size when first seen
 
 
 class TimelineRecorder(TorchDispatchMode):
@@ -142,6 +167,7 @@ class TimelineRecorder(TorchDispatchMode):
         self._events: list[tuple[int, int]] = []  # (allocation id, +bytes or -bytes)
         self._points: list[int] = []  # after each op: how many events had happened
         self._totals: list[int] = []  # after each op: the bytes alive
+        self._resized_away: list[int] = []  # after each op: Timeline.resized_away_bytes
         self.ops: list[str] = []
         self.phases: list[str] = []
         self.elapsed_ms: list[float] = []
@@ -196,10 +222,15 @@ class TimelineRecorder(TorchDispatchMode):
             if entry.nbytes:
                 self._add(entry.alloc, -entry.nbytes)
 
-    def _check_resized(self) -> None:
+    def _check_resized(self) -> int:
+        """Follow the watched storages' sizes; returns the bytes they have shrunk by since first seen."""
+        shrunk = 0
         for key, ref in list(self._watched.items()):
             storage, entry = ref(), self._live.get(key)
-            if storage is None or entry is None or storage.nbytes() == entry.nbytes:
+            if storage is None or entry is None:
+                continue
+            shrunk += max(0, entry.first - storage.nbytes())
+            if storage.nbytes() == entry.nbytes:
                 continue
             if entry.nbytes:
                 self._add(entry.alloc, -entry.nbytes)
@@ -209,6 +240,7 @@ class TimelineRecorder(TorchDispatchMode):
                 entry.alloc = self._new_alloc(entry.nbytes)
                 if category == "gathered parameters":  # the same weight gathered again
                     self._category[entry.alloc] = category
+        return shrunk
 
     def _mark(self, tensors: Iterable, category: str) -> None:
         """Note that the storages behind `tensors` are `category` (their current allocation)."""
@@ -238,7 +270,7 @@ class TimelineRecorder(TorchDispatchMode):
                         inputs = {storage_key(_local(a).untyped_storage()) for a in tree_flatten((args, kwargs))[0]
                                   if isinstance(a, torch.Tensor) and a.device.type != "meta"}
                     self._track(storage, watch=storage_key(storage) in inputs)
-        self._check_resized()
+        self._resized_away.append(self._check_resized())
         self._points.append(len(self._events))
         self._totals.append(self.current_bytes)
         self.ops.append(func.__name__ if hasattr(func, "__name__") else str(func))
@@ -311,7 +343,7 @@ class TimelineRecorder(TorchDispatchMode):
             done = point
             for c in CATEGORIES:
                 series[c].append(now[c])
-        return Timeline(self.ops, self.phases, self.elapsed_ms, series, self._totals, recorded_ms)
+        return Timeline(self.ops, self.phases, self.elapsed_ms, series, self._totals, self._resized_away, recorded_ms)
 
 
 def record_step(step: Callable[[], object], model: torch.nn.Module,

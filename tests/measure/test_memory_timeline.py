@@ -30,6 +30,7 @@ def test_the_peak_is_the_engines_own_measurement_and_the_categories_add_up():
     # storage freed by the garbage collector rather than its last reference, at a moment that can vary.)
     assert abs(timeline.peak_bytes - measured) <= 0.01 * measured, (timeline.peak_bytes, measured)
     assert timeline.category_sums() == timeline.total_bytes  # every byte alive in exactly one category
+    assert timeline.peak_blind_to_resizes == timeline.peak_bytes  # nothing resized without FSDP
     assert timeline.bytes["parameters"][0] == params and timeline.bytes["optimizer state"][-1] == state
     assert set(timeline.phases) == {"forward", "backward", "optimizer"}
     forward_end = timeline.phases.index("backward") - 1
@@ -98,6 +99,9 @@ def test_a_storage_resized_behind_the_dispatchers_back_is_followed():
     timeline = recorder.timeline(0.0)
     alive = [b for b, op in zip(timeline.total_bytes, timeline.ops, strict=True) if op.startswith("add")]
     assert alive == [8000, 4000, 8000], alive  # the weight's 4000 bytes, or none, and the add's own output
+    away = [b for b, op in zip(timeline.resized_away_bytes, timeline.ops, strict=True) if op.startswith("add")]
+    assert away == [0, 4000, 0]  # what a count that reads a size once would still hold
+    assert timeline.peak_blind_to_resizes == timeline.peak_bytes == 8000
     assert timeline.category_sums() == timeline.total_bytes
 
 
