@@ -3,7 +3,8 @@
 
 - matmul FLOP/s by size (square fp32 matmuls): the curve the cost model reads at a model's width, its best
   value taken as this part's "peak" (a CPU has no datasheet figure to hold it against);
-- copy bandwidth (a large tensor copied: bytes read + written per second);
+- copy bandwidth (a large tensor copied: bytes read + written per second), and the share of it a transformer
+  block's element-wise operators achieve (the memory factor: on a CPU tanh and exp make them slower than a copy);
 - per-operator overhead (a chain of tiny element-wise operators, forward and backward with autograd, over the
   operators it dispatched);
 - all-reduce / all-gather / reduce-scatter bandwidth by message size over `ranks` gloo ranks started with
@@ -128,6 +129,31 @@ def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: i
     return out
 
 
+def elementwise_bandwidth(rows: int = 2048, width: int = 256, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Bytes per second the element-wise operators of a transformer block achieve here (layer norm, tanh GELU,
+    softmax, a scale and a residual add; forward and backward with autograd), counted as the cost model counts a
+    model's (traffic.py: each operator's reads and writes in forward, 2× in backward).  On a GPU these run at
+    the memory's bandwidth; on a CPU many are bound by their arithmetic (tanh, exp), so a copy overstates them."""
+    import torch
+    import torch.nn.functional as F
+
+    from .traffic import BACKWARD_BYTES, _counter
+
+    x = torch.randn(rows, width, requires_grad=True)
+
+    def chain():
+        h = F.layer_norm(x, (width,))
+        h = F.gelu(h, approximate="tanh") * 0.5
+        return (h.softmax(-1) + x).sum()
+
+    count = _counter()
+    with torch.no_grad(), count:
+        chain()
+    moved = (1 + BACKWARD_BYTES) * count.traffic.other_bytes
+    t = _median_time(lambda: chain().backward(), repeats, clock=clock)
+    return moved / t
+
+
 def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes: int = 64,
               message_sizes=(2**12, 2**20, 2**23), repeats: int = 5, threads: int | None = None,
               clock=time.perf_counter, name: str = "this-cpu") -> Part:
@@ -147,6 +173,7 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
     try:
         curve = matmul_curve(matmul_sizes, repeats, clock)
         bandwidth = copy_bandwidth(copy_mbytes, repeats, clock)
+        elementwise = elementwise_bandwidth(repeats=repeats, clock=clock)
         overhead = op_overhead(repeats=repeats, clock=clock)
     finally:
         torch.set_num_threads(before)
@@ -155,11 +182,14 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
     link = max((bw for op in ("all_reduce", "all_gather", "reduce_scatter") for _, _, bw in colls.get(op, [])),
                default=bandwidth)
     latency = colls.get("latency_s", 0.0)
-    eff = Efficiency(matmul=1.0, memory=1.0, link=1.0, latency_s=latency, op_overhead_s=overhead,
+    eff = Efficiency(matmul=1.0, memory=elementwise / bandwidth, link=1.0, latency_s=latency, op_overhead_s=overhead,
                      matmul_curve=curve, overlaps_communication=False, sources={
                          "matmul": "calibrate(): fp32 square matmuls on this CPU, "
                                    + ", ".join(f"{n}: {f / 1e9:.1f} GFLOP/s" for n, f in curve),
-                         "memory": f"calibrate(): a {copy_mbytes} MiB copy, {bandwidth / GB:.1f} GB/s read+write",
+                         "memory": f"calibrate(): a transformer block's element-wise operators (layer norm, tanh "
+                                   f"GELU, softmax, scale, add; forward and backward), {elementwise / GB:.1f} GB/s "
+                                   f"of operator traffic against a {copy_mbytes} MiB copy's {bandwidth / GB:.1f} "
+                                   f"GB/s read+write: {elementwise / bandwidth:.2f} of it",
                          "link": f"calibrate(): best bus bandwidth of gloo collectives over {ranks} ranks, "
                                  f"{link / GB:.2f} GB/s",
                          "latency_s": f"calibrate(): the smallest all-reduce per ring step, {latency * 1e6:.0f} µs",

@@ -19,7 +19,6 @@ the root (embeddings, the final norm, the head and the mask).
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
@@ -212,6 +211,6 @@ def scaled(matmuls, rows: int) -> list[tuple[int, int, int]]:
 
 
 def matmul_seconds(matmuls, rate_at) -> float:
-    """Seconds for these matmuls' forward at `rate_at(size)` FLOP/s, size the cube root of m·n·k."""
-    return sum(2 * m * n * k / rate_at(max(1, round(math.prod((m, n, k)) ** (1 / 3))))
-               for m, n, k in matmuls)
+    """Seconds for these matmuls' forward at `rate_at(size)` FLOP/s, read at the matmul's smallest dimension (a
+    skinny matmul, attention's K = head size say, runs at about the rate of a square one that size)."""
+    return sum(2 * m * n * k / rate_at(max(1, min(m, n, k))) for m, n, k in matmuls)

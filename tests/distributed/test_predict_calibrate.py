@@ -21,6 +21,8 @@ def test_calibrate_registers_this_cpu_with_measured_factors_and_predict_uses_the
         assert part.memory_bandwidth > 0 and part.intra_bandwidth > 0 and eff.latency_s > 0
         assert 0 < eff.op_overhead_s < 1e-3 and not eff.overlaps_communication
         assert all(k in eff.sources for k in ("matmul", "memory", "link", "latency_s", "op_overhead_s"))
+        # the memory factor: a transformer block's element-wise operators against the copy, measured (not 1.0)
+        assert 0 < eff.memory < 5 and eff.memory != 1.0 and "element-wise" in eff.sources["memory"]
         p = predict("tiny", "2xthis-cpu", toggles=["ddp"])
         assert p.compute_parts["per-op overhead"] > 0  # the operators of one step, counted, at the measured cost
         reduce = next(c for c in p.collectives if c.op == "all_reduce")
