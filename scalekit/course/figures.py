@@ -186,6 +186,8 @@ def pipeline_timeline_figure(timelines: dict, title: str = "A pipeline step as i
         fig.update_yaxes(autorange="reversed", row=row, col=1)
     fig.update_xaxes(title_text="ms from the step's first forward", row=len(names), col=1)
     fig.update_layout(barmode="overlay", title=title, height=170 + 150 * len(names), margin=dict(t=80, b=40))
+    return fig
+
 
 BOUND_COLORS = {"compute": "#54A24B", "memory": "#4C78A8", "overhead": "#E45756"}
 ROOF_COLORS = ["#111827", "#F58518", "#B279A2", "#72B7B2"]

@@ -169,16 +169,17 @@ def _in_dtype(make, dtype):
         torch.set_default_dtype(before)
 
 
-def _gpt_builder(shape, n_layer: int, fused: bool, dtype):
+def _gpt_builder(shape, n_layer: int, fused: bool, dtype, seq: int):
     from ..models.gpt import GPT, GPTConfig
 
-    cfg = GPTConfig(block_size=max(shape.positions, 1), vocab_size=shape.vocab, n_layer=n_layer, n_head=shape.n_head,
+    # a sequence longer than the learned positions: the table grown to fit, as RunConfig grows the built-in GPT's
+    cfg = GPTConfig(block_size=max(shape.positions, seq), vocab_size=shape.vocab, n_layer=n_layer, n_head=shape.n_head,
                     n_embd=shape.d, attention="sdpa" if fused else "manual")
 
     return functools.partial(_in_dtype, lambda: GPT(cfg), dtype)
 
 
-def _llama_builder(shape, n_layer: int, fused: bool, dtype):
+def _llama_builder(shape, n_layer: int, fused: bool, dtype, seq: int):
     from .llama_layout import LlamaLayout
 
     return functools.partial(_in_dtype, lambda: LlamaLayout(shape, n_layer, fused), dtype)
@@ -196,8 +197,8 @@ def model_traffic(shape, seq: int, fused_attention: bool, autocast: bool, param_
         builder, code = _gpt_builder, "scalekit's built-in GPT (nanoGPT's structure)"
     else:
         builder, code = _llama_builder, "a Llama decoder written as torchtitan's (scalekit/predict/llama_layout.py)"
-    one = _run(builder(shape, 1, fused_attention, dtype), 1, seq, shape.vocab, autocast)
-    two = _run(builder(shape, 2, fused_attention, dtype), 1, seq, shape.vocab, autocast)
+    one = _run(builder(shape, 1, fused_attention, dtype, seq), 1, seq, shape.vocab, autocast)
+    two = _run(builder(shape, 2, fused_attention, dtype, seq), 1, seq, shape.vocab, autocast)
     block = two.minus(one)
     return ModelTraffic(block, one.minus(block), code + (", fused attention (SDPA)" if fused_attention
                                                          else ", attention written out (softmax(QKᵀ)V)")
