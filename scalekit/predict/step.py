@@ -146,10 +146,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     seq = seq_len or getattr(model, "seq_len", None) or (preset.block_size if preset else 1024)
     layout = layout_of(toggles, cluster.count, shape)
     batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
-    for field_name, value in (("seq_len", seq), ("batch_size", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{field_name} must be a whole number of at least 1 (tokens per row, rows in the global "
-                              f"batch); got {value!r}")
+    _check_sizes(seq, batch)
     rows_per_micro = _rows(batch, layout)
     if layout.cp > 1 and seq % (2 * layout.cp):
         raise ConfigError(f"context_parallel {layout.cp} splits each sequence into 2 × {layout.cp} chunks (two per "
@@ -174,6 +171,13 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     if strict and not fits:
         raise ConfigError(pred.verdict())
     return pred
+
+
+def _check_sizes(seq, batch) -> None:
+    for field_name, value in (("seq_len", seq), ("batch_size", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{field_name} must be a whole number of at least 1 (tokens per row, rows in the global "
+                              f"batch); got {value!r}")
 
 
 def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq):
