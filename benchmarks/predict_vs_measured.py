@@ -26,6 +26,7 @@ import torch
 
 import scalekit
 from scalekit.launch import launch_run
+from scalekit.plan import ANALYTIC_MARGIN
 from scalekit.predict import calibrate, predict
 from scalekit.training.build import build, train_step
 
@@ -75,6 +76,17 @@ def row(name: str, pred, measured: float) -> tuple[str, bool]:
     return line, abs(ratio - 1) <= BAND
 
 
+def memory_row(name: str, pred, result) -> tuple[str, bool]:
+    """Predicted against measured peak memory per rank, within the planner's own bound (plan.ANALYTIC_MARGIN)."""
+    measured = result.peak_mem_bytes
+    if not measured:
+        return f"{name:<40}{pred.memory['peak'] / 2**20:>14.1f}{'n/a':>13}", False
+    ratio = pred.memory["peak"] / measured
+    ok = abs(ratio - 1) <= ANALYTIC_MARGIN - 1
+    return (f"{name:<40}{pred.memory['peak'] / 2**20:>14.1f}{measured / 2**20:>13.1f}{ratio:>11.2f}"
+            + ("" if ok else "  outside the planner's bound"), ok)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -89,7 +101,7 @@ def main(argv=None) -> int:
              f"# command: python benchmarks/predict_vs_measured.py --steps {args.steps}",
              "# calibrate(): " + "; ".join(f"{k}: {v}" for k, v in part.efficiency.sources.items()),
              f"{'case':<40}{'predicted ms':>14}{'measured ms':>13}{'ratio p/m':>11}  missing term (misses only)"]
-    hits = 0
+    hits, memory_lines, memory_hits = 0, [], 0
     for preset, toggles in CASES:
         ranks = 2 if toggles else 1
         pred = predict(preset, f"{ranks}xthis-cpu", toggles=toggles)
@@ -103,7 +115,15 @@ def main(argv=None) -> int:
         parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in pred.compute_parts.items())
         comm = ", ".join(f"{c.op} {c.bytes / 2**20:.2f} MiB {c.exposed_s * 1e3:.1f} ms" for c in pred.collectives)
         lines += [line, f"{'':<40}predicted: compute {pred.compute_s * 1e3:.1f} ms ({parts})" + (f"; {comm}" if comm else "")]
+        mem_line, mem_ok = memory_row(name.replace(" (wall)", ""), pred, result)
+        memory_lines.append(mem_line)
+        memory_hits += mem_ok
     lines.append(f"# wall time: within ±{BAND:.0%}: {hits} of {len(CASES)}")
+    lines.append(f"{'case':<40}{'predicted MiB':>14}{'measured MiB':>13}{'ratio p/m':>11}  (peak per rank)")
+    lines += memory_lines
+    lines.append(f"# memory per rank: within the planner's ±{ANALYTIC_MARGIN - 1:.0%} of measured: {memory_hits} of "
+                 f"{len(CASES)} (the predicted peak is scalekit.estimate's plan; measured is the run's tracked peak, "
+                 f"the largest over ranks)")
     cpu = calibrate(threads=1, ranks=0, clock=time.thread_time, name="this-cpu-cputime")
     lines.append("# calibrate(clock=time.thread_time): " + "; ".join(f"{k}: {v}" for k, v in cpu.efficiency.sources.items()
                                                                   if k in ("matmul", "memory", "op_overhead_s")))
