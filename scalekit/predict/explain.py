@@ -3,12 +3,7 @@ one a runner-up loses most on against the winner, and the winner's lead in words
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .step import GIB, Prediction
-
-if TYPE_CHECKING:
-    from .search import Ranked
 
 
 def terms(pred: Prediction) -> dict[str, float]:
@@ -46,8 +41,9 @@ def lacks(runner: Prediction, winner: Prediction) -> tuple[str, str]:
                   + _against(term, mine.get(term, 0.0), best.get(term, 0.0)))
 
 
-def explain(ranked: list[Ranked], budget: float) -> list[str]:
-    """Why the winner wins (the term it gains most on, what it pays for it) and what each runner-up lacks."""
+def explain(ranked: list, budget: float) -> list[str]:
+    """Why the winner wins (the term it gains most on, what it pays for it) and what each runner-up lacks;
+    `ranked`: search.Ranked rows, best first (not imported: search imports this module)."""
     if not ranked:
         return []
     win = ranked[0]
