@@ -10,8 +10,9 @@ accumulation without a pipeline).  The global batch and the sequence length are 
 ranking by tokens/s per GPU is ranking by step time, and the step time's terms (matmul, memory traffic, per-op
 overhead, each collective's exposed time, the bubble) say where one plan gains on another.
 
-Context (sequence) parallel degrees are not searched: step.py has no cost term for them (tensor_parallel's
-sequence_parallel option is priced as plain tensor parallel), and the search says so in its notes.
+Context parallel degrees 1, 2, 4 and 8 within a node are searched, priced as ring attention; tensor_parallel's
+sequence_parallel option is priced as plain tensor parallel and expert parallelism is not searched (no
+mixture-of-experts shapes), and the search says so in its notes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..errors import ConfigError
 from .explain import explain
 from .parts import gpus as parse_gpus
 from .shapes import shape_of
-from .step import GIB, Prediction, _toggles, predict
+from .step import GIB, Prediction, _toggles, check_sizes, predict
 
 SHARDINGS = ("ddp", "fsdp", "zero1", "zero2")
 SCHEDULES = ("gpipe", "1f1b")
@@ -256,6 +257,7 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     ranks this machine starts (only where the plan's GPUs are this machine's: gpus='Nxthis-cpu') and puts the
     measured step beside the predicted one in `.measured`."""
     start = time.perf_counter()
+    check_sizes(seq_len, batch_size)  # before a plan is tried: one refusal, not one per plan
     if isinstance(gpus, str) and gpus.strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
         from .calibrate import this_cpu
 
@@ -267,7 +269,7 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     base = {k: v for k, v in base.items() if k not in SEARCHED}
     budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
     preset = _preset(model, shape)
-    batch = batch_size or (preset.batch_size if preset else cluster.count)
+    batch = batch_size if batch_size is not None else (preset.batch_size if preset else cluster.count)
     refused: list[tuple[object, str]] = []
     plans = _plans(cluster, shape, batch, fixed, refused)
     fits = []

@@ -143,10 +143,11 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     part = cluster.part
     eff = efficiency or part.efficiency or cost.PUBLISHED
     preset = _preset_defaults(model, shape)
-    seq = seq_len or getattr(model, "seq_len", None) or (preset.block_size if preset else 1024)
+    check_sizes(seq_len, batch_size)  # as given: 0 is refused, not taken for 'not given'
+    seq = _given(seq_len, getattr(model, "seq_len", None), preset.block_size if preset else 1024)
     layout = layout_of(toggles, cluster.count, shape)
-    batch = batch_size or getattr(model, "batch_size", None) or (preset.batch_size if preset else layout.dp)
-    _check_sizes(seq, batch)
+    batch = _given(batch_size, getattr(model, "batch_size", None), preset.batch_size if preset else layout.dp)
+    check_sizes(seq, batch)
     rows_per_micro = _rows(batch, layout)
     if layout.cp > 1 and seq % (2 * layout.cp):
         raise ConfigError(f"context_parallel {layout.cp} splits each sequence into 2 × {layout.cp} chunks (two per "
@@ -173,11 +174,24 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     return pred
 
 
-def _check_sizes(seq, batch) -> None:
+# above the longest context any published model trains or serves (about 10M tokens), and far above any global
+# batch in rows; a larger figure is a typo, and the counted model would not build (torch's sizes overflow)
+MAX_SIZE = 2**24
+
+
+def check_sizes(seq, batch) -> None:
+    """seq_len and batch_size as whole numbers from 1 to MAX_SIZE; None (not given) passes."""
     for field_name, value in (("seq_len", seq), ("batch_size", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{field_name} must be a whole number of at least 1 (tokens per row, rows in the global "
-                              f"batch); got {value!r}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            raise ConfigError(f"{field_name} must be a whole number from 1 to {MAX_SIZE:,} (tokens per row, rows in "
+                              f"the global batch); got {value!r}")
+
+
+def _given(*values):
+    """The first value that is not None (a 0 given stays 0, to be refused)."""
+    return next(v for v in values if v is not None)
 
 
 def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq):

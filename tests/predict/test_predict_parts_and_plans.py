@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scalekit.errors import ConfigError
-from scalekit.predict import PARTS, Part, gpus, part, predict, predict_decode, register
+from scalekit.predict import PARTS, Part, gpus, part, plan_for, predict, predict_decode, register
 from scalekit.predict.collectives import ring_time
 from scalekit.predict.cost import bubble_fraction
 from scalekit.predict.shapes import PUBLIC, shape_of
@@ -80,6 +80,16 @@ def test_refusals_are_sentences_with_the_numbers():
         predict("llama3-8b", "8xH100-SXM", toggles=["fsdp"], batch_size=3)
     with pytest.raises(ConfigError, match=r"does not fit: the plan needs \d+\.\d GiB per GPU and a RTX-4090 has"):
         predict("llama3-70b", "1xRTX-4090", toggles=["bf16"], batch_size=1, seq_len=2048, strict=True)
+
+
+@pytest.mark.parametrize("sizes", [{"seq_len": 0}, {"batch_size": 0}, {"seq_len": 2**24 + 1}, {"batch_size": 10**20},
+                                   {"seq_len": 1.5}, {"batch_size": True}])
+def test_a_size_out_of_range_is_refused_before_anything_is_counted_not_taken_for_the_default(sizes):
+    # 0 once fell back to the default (1024 tokens) as if not given; 10**20 once overflowed torch building the model
+    (name, value), = sizes.items()
+    for call in (predict, plan_for):
+        with pytest.raises(ConfigError, match=f"{name} must be a whole number from 1 to 16,777,216.*got {value!r}"):
+            call("gpt2-124m", "8xH100-SXM", **sizes)
 
 
 def test_a_405b_model_on_512_gpus_is_predicted_in_well_under_five_seconds():
