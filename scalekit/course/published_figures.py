@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# GPT-2 124M, one A100 40GB, B=16, T=1024: ms per step as each optimization is added cumulatively.
+# GPT-2 124M, one A100 80GB SXM, B=16, T=1024: ms per step as each optimization is added cumulatively.
 # Source: Andrej Karpathy, build-nanogpt (video "Let's reproduce GPT-2 (124M)", 2024).
 GPT2_A100_LADDER_MS = {
     "baseline": 1000.0,  # fp32
@@ -50,6 +50,14 @@ GPT_FAST_SOURCE = "gpt-fast: Llama-2-7B, batch 1, A100 (PyTorch blog, Nov 2023)"
 # cache): the figures benchmarks/predict_published.py holds the scale model against.
 GPT_FAST_README_LLAMA2_7B_A100_80GB_TOKENS_PER_S = {"bf16": 104.9, "int8": 155.6}
 GPT_FAST_README_SOURCE = "gpt-fast README (pytorch-labs/gpt-fast): Llama-2-7B, batch 1, A100 80GB"
+
+
+# torchtitan, Llama 3.1 8B on 8 H100s (Grand Teton: 96 GB HBM2e at 2.4 TB/s, the default 500 W power limit), FSDP,
+# bf16 mixed precision, selective activation checkpointing (its "op" policy), local batch 2 × 8,192 tokens: tokens/s
+# per GPU and the allocator's reserved peak (torchtitan logs max_reserved_gib), as each technique is added.
+TORCHTITAN_LLAMA31_8B_8XH100 = {"FSDP": (5762.0, 82.4), "FSDP + compile": (6667.0, 77.0)}
+TORCHTITAN_SOURCE = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md (earlier docs/performance.md), Table 1: "
+                     "Llama 3.1 8B, 8×H100 (96 GB HBM2e, 2.4 TB/s, 500 W), FSDP, local batch 2, selective AC")
 
 
 def recorded(name: str) -> dict | None:

@@ -56,7 +56,8 @@ A100_SHEET = ("NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-
               "dense (the 312/624 sparse figures not used)")
 H100_SHEET = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/): SXM FP32 67, TF32 989*, "
               "BF16 1,979*, FP8 3,958* TFLOPS where * is with sparsity: dense is half (494.7, 989.4, 1,978.9); PCIe "
-              "FP32 51, TF32 756*, BF16 1,513*, FP8 3,026* (dense 378, 756, 1,513)")
+              "FP32 51, TF32 756*, BF16 1,513*, FP8 3,026* (dense 378, 756, 1,513); NVL FP32 60, TF32 835*, BF16 "
+              "1,671*, FP8 3,341* (dense 417.5, 835.5, 1,670.5)")
 H200_SHEET = ("NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200/): compute as H100 SXM (sparse figures "
               "halved), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s")
 B200_SHEET = ("NVIDIA HGX B200 / DGX B200 datasheet (nvidia.com/en-us/data-center/hgx/): per GPU FP8 9 PFLOPS*, "
@@ -95,6 +96,10 @@ for _p in (
          flops=H100_SHEET, memory="H100 datasheet: PCIe 80 GB HBM2e at 2 TB/s",
          intra="PCIe Gen5 x16: 128 GB/s both directions, 64 GB/s each way (the optional NVLink bridge pairs two "
                "cards only and is not modelled)", inter=ETH_ASSUMED),
+    _gpu("H100-NVL", 60, 417.5, 835.5, 1670.5, 94, 3900, "PCIe Gen5 x16", 64, "Ethernet 100 Gb/s", 12.5,
+         flops=H100_SHEET, memory="H100 datasheet: NVL 94 GB HBM3 at 3.9 TB/s, 350-400 W",
+         intra="PCIe Gen5 x16: 128 GB/s both directions, 64 GB/s each way (the NVLink bridge, 600 GB/s, pairs two "
+               "cards only and is not modelled)", inter=ETH_ASSUMED),
     _gpu("H200", 67, 494.7, 989.4, 1978.9, 141, 4800, "NVLink 4", 450, "InfiniBand NDR 400 Gb/s", 50,
          flops=H200_SHEET, memory=H200_SHEET, intra=NVLINK4, inter=IB_NDR),
     _gpu("B200", 75, 1100, 2250, 4500, 180, 7700, "NVLink 5", 900, "InfiniBand NDR 400 Gb/s", 50,
@@ -105,14 +110,19 @@ for _p in (
     _gpu("RTX-4090", 82.6, 82.6, 165.2, 330.3, 24, 1008, "PCIe Gen4 x16", 32, "Ethernet 100 Gb/s", 12.5,
          flops=ADA_SHEET, memory=ADA_SHEET, intra="PCIe Gen4 x16: 32 GB/s each way; no NVLink and no peer-to-"
          "peer on GeForce cards (traffic goes through host memory: an upper bound)", inter=ETH_ASSUMED),
-    # torchtitan's published H100 figures came from a 96 GB HBM2e, 2.4 TB/s, 500 W part (between SXM and NVL): its
-    # peak is taken as the SXM's (torchtitan reads MFU against 989 TFLOPS); a 500 W limit runs lower clocks
+    # torchtitan's published H100 figures came from a 96 GB HBM2e, 2.4 TB/s, 500 W SXM part whose peak, its authors
+    # write, "is between SXM and NVL, and we don't know its exact value": the SXM's peaks here (an upper bound);
+    # H100_96GB_500W_PEAK_FLOOR is the NVL's, the lower bound, for a prediction given as the interval
     _gpu("H100-96GB-500W", 67, 494.7, 989.4, 1978.9, 96, 2400, "NVLink 4", 450, "InfiniBand NDR 400 Gb/s", 50,
-         flops=H100_SHEET + "; the SXM peaks taken as this part's (an upper bound at 500 W)",
+         flops=H100_SHEET + "; the SXM peaks taken as this part's, an upper bound: torchtitan's "
+         "benchmarks/llama3_h100_202412_torchtitan.md says this lower-TDP part's peak lies between the SXM's and "
+         "the NVL's",
          memory="torchtitan docs/performance.md: H100 with 96 GB HBM2e at 2.4 TB/s, 500 W TDP", intra=NVLINK4,
          inter=IB_NDR),
 ):
     register(_p)
+
+H100_96GB_500W_PEAK_FLOOR = "H100-NVL"  # the part whose peaks bound the 500 W part's from below (see above)
 
 ALIASES = {"A100": "A100-80GB-SXM", "A100-80GB": "A100-80GB-SXM", "A100-40GB": "A100-40GB-SXM",
            "H100": "H100-SXM", "H200-SXM": "H200", "4090": "RTX-4090", "CPU": "this-cpu"}
