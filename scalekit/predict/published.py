@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..course.published_figures import (GPT2_A100_LADDER_MS, GPT2_A100_SOURCE,
-                                        GPT_FAST_README_LLAMA2_7B_A100_80GB_TOKENS_PER_S, GPT_FAST_README_SOURCE,
-                                        TORCHTITAN_LLAMA31_8B_8XH100, TORCHTITAN_SOURCE)
+from ..course.published_figures import (
+    GPT2_A100_LADDER_MS,
+    GPT2_A100_SOURCE,
+    GPT_FAST_README_LLAMA2_7B_A100_80GB_TOKENS_PER_S,
+    GPT_FAST_README_SOURCE,
+    TORCHTITAN_LLAMA31_8B_8XH100,
+    TORCHTITAN_SOURCE,
+)
 from .parts import H100_96GB_500W_PEAK_FLOOR, part, register
 from .shapes import shape_of
 from .step import predict, predict_decode, unmodelled
