@@ -36,11 +36,11 @@ Where each figure comes from:
   all-gather and reduce-scatter, × 1 for broadcast);
 - the tree's factor and steps: NCCL's tuning model, src/graph/tuning.cc (ncclTopoTuneModel, NCCL 2.20): a tree's
   algorithm bandwidth is half its bus bandwidth (a ring's is n/(2(n−1)) of it) and that bus bandwidth 0.92 of the
-  link's (`busBw*.92`), its latency
-  2·((nRanks/nNodes − 1)·intra-node latency + log2i(nNodes)·network latency) against the ring's 2(n−1) steps, and
-  the all-reduce the only collective priced as a tree (broadcast and reduce: ring only; all-gather and
-  reduce-scatter: ring, NVLS or CollNet, which this model does not have); NCCL then runs the algorithm with the
-  least predicted time (ncclTopoGetAlgoTime; a maintainer's answer in github.com/NVIDIA/nccl-tests/issues/215);
+  link's (`busBw*.92`); its latency 2·((nRanks/nNodes − 1)·intra-node latency + log2i(nNodes)·network latency)
+  against the ring's 2(n−1) steps; the all-reduce is the only collective it prices as a tree (broadcast and reduce:
+  ring only; all-gather and reduce-scatter: ring, NVLS or CollNet, which this model does not have).  Each
+  algorithm's time is latency + bytes/bandwidth (ncclTopoGetAlgoTime) and NCCL runs the least (a maintainer's
+  answer in github.com/NVIDIA/nccl-tests/issues/215: "an internal model which compares the performance");
 - the chain inside a node: NCCL's maintainer in github.com/NVIDIA/nccl/issues/672 ("the tree structure is only
   inter-node. Intra-node it's always a chain") and issues/919 (a chain keeps full bandwidth: a GPU receiving from
   two peers runs at half speed); the double binary tree: src/graph/trees.cc (ncclGetDtree), NCCL 2.4 on;
