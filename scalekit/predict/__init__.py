@@ -2,7 +2,8 @@
 
     parts       the hardware table (dense peaks per dtype, memory, links; each figure with its source)
     shapes      model shapes by name (GPT-2, Llama 3) or read from a preset, a GPTConfig, a transformers config
-    collectives α-β ring costs of all-reduce, all-gather, reduce-scatter, broadcast, send/recv
+    collectives α-β ring costs of all-reduce, all-gather, reduce-scatter, broadcast, send/recv; NCCL's tree for
+                an all-reduce where it is faster
     cost        the efficiency factors, the collectives each mode issues, the overlap rules, the bubble
     calibrate   microbenchmarks on this machine: the "this-cpu" part
     ops         operators per training step (what a CPU pays per operator)

@@ -26,6 +26,10 @@ from .parts import GB, Part, register
 _MEASURED: dict[str, object] = {}
 
 
+# an all-reduce on these ranks is always a ring: no tree for the cost model to choose
+GLOO_ALGORITHMS = ("gloo's all-reduce is a ring: torch's gloo process group names no algorithm and gloo runs an "
+                   "unspecified one as its ring (gloo/allreduce.cc)")
+
 WINDOW_S = 0.05  # each timing spans at least this long: as long as a small step, so that a machine shared with other
 # processes slows the microbenchmark as much as it slows the run (a 1 ms timing fits in one scheduler slice)
 
@@ -183,7 +187,7 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
                default=bandwidth)
     latency = colls.get("latency_s", 0.0)
     eff = Efficiency(matmul=1.0, memory=elementwise / bandwidth, link=1.0, latency_s=latency, op_overhead_s=overhead,
-                     matmul_curve=curve, overlaps_communication=False, sources={
+                     matmul_curve=curve, overlaps_communication=False, algorithms=("ring",), sources={
                          "matmul": "calibrate(): fp32 square matmuls on this CPU, "
                                    + ", ".join(f"{n}: {f / 1e9:.1f} GFLOP/s" for n, f in curve),
                          "memory": f"calibrate(): a transformer block's element-wise operators (layer norm, tanh "
@@ -193,6 +197,7 @@ def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes:
                          "link": f"calibrate(): best bus bandwidth of gloo collectives over {ranks} ranks, "
                                  f"{link / GB:.2f} GB/s",
                          "latency_s": f"calibrate(): the smallest all-reduce per ring step, {latency * 1e6:.0f} µs",
+                         "algorithms": GLOO_ALGORITHMS,
                          "op_overhead_s": f"calibrate(): a chain of tiny operators with autograd, forward and backward, {overhead * 1e6:.1f} µs per operator dispatched"})
     limit = machine_limit(detect("cpu"))
     memory = limit.limit_bytes if limit else 0

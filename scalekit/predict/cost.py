@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .collectives import Collective, link_for, ring_time
+from .collectives import ALGORITHMS, Collective, algorithm_times, link_for, nodes_spanned, tree_latency_steps
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # its first bucket (torch's dist._DEFAULT_FIRST_BUCKET_BYTES)
@@ -37,6 +37,7 @@ class Efficiency:
     matmul_curve: tuple[tuple[int, float], ...] = ()  # (size, FLOP/s) measured by calibrate(): read at the width
     attention: float = 0.0  # of the dense peak, for a fused attention kernel's FLOPs (0: as the matmuls)
     overlaps_communication: bool = True  # whether a rank computes while its collectives run (False on a CPU)
+    algorithms: tuple[str, ...] = ALGORITHMS  # what an all-reduce may run as: NCCL's ring or tree; gloo's ring only
     sources: dict[str, str] = field(default_factory=dict)
 
     def matmul_at(self, size: int, peak: float) -> float:
@@ -69,6 +70,8 @@ PUBLISHED = Efficiency(
         "link": "0.80: nccl-tests all-reduce bus bandwidth over the one-way NVLink figure for large messages "
                 "(e.g. about 230-240 GB/s of 300 GB/s on DGX A100); a round figure",
         "latency_s": "10 µs per ring step: the order of NCCL's small-message time per hop",
+        "algorithms": "NCCL runs an all-reduce as a ring or a tree, whichever its tuning model predicts faster "
+                      "(src/graph/tuning.cc); the other collectives as rings",
         "op_overhead_s": "0: on a GPU kernels are queued asynchronously and the host's dispatch is taken as hidden "
                          "(wrong for small models in eager mode: the missing term there)",
     })
@@ -211,8 +214,9 @@ OVERLAP_RULES = {
 
 def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_s: float, lay: Layout,
                      attention_s: float = 0.0) -> None:
-    """Fill each collective's time (α-β ring on its group's link) and its exposed share (its overlap rule);
-    `attention_s`: the attention's share of the compute (what ring attention's sends hide behind)."""
+    """Fill each collective's time (α-β on its group's link: a ring, or for an all-reduce the faster of ring and tree
+    where `eff.algorithms` has a tree) and its exposed share (its overlap rule); `attention_s`: the attention's share
+    of the compute (what ring attention's sends hide behind)."""
     spans = {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
     backward_s = compute_s * 2 / 3
     for c in colls:
@@ -220,9 +224,14 @@ def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_
         # (the gradient group, data × context parallel ranks, and the context-parallel ring both stride over tp)
         stride = lay.tp if c.overlap_rule in ("DDP_OVERLAP", "FSDP_PREFETCH", "RING_OVERLAP") or c.op == "broadcast" \
             else 1
-        c.link, bandwidth = link_for(cluster, c.ranks, stride if spans.get(c.op) or c.overlap_rule == "RING_OVERLAP"
-                                     else 1)
-        c.time_s = ring_time(c.op, c.bytes, c.calls, c.ranks, bandwidth * eff.link, eff.latency_s)
+        stride = stride if spans.get(c.op) or c.overlap_rule == "RING_OVERLAP" else 1
+        c.link, bandwidth = link_for(cluster, c.ranks, stride)
+        nodes = nodes_spanned(cluster, c.ranks, stride)
+        times = algorithm_times(c.op, c.bytes, c.calls, c.ranks, nodes, bandwidth * eff.link, eff.latency_s,
+                                eff.algorithms)
+        c.algorithm = min(times, key=times.get)
+        c.time_s = times[c.algorithm]
+        c.algorithm_note = algorithm_note(c, times, nodes)
         rule = c.overlap_rule if eff.overlaps_communication else "NO_OVERLAP_HERE"
         per_call = c.time_s / max(1, c.calls)
         if rule == "DDP_OVERLAP":
@@ -235,3 +244,37 @@ def time_collectives(colls: list[Collective], cluster, eff: Efficiency, compute_
         else:
             c.exposed_s = c.time_s
         c.overlap_rule = rule
+
+
+def algorithm_note(c: Collective, times: dict[str, float], nodes: int) -> str:
+    """Why `c` runs as it does, where it had a choice: its time against the other algorithm's, and the latency
+    steps per call behind them."""
+    if len(times) < 2 or c.ranks <= 1:
+        return ""
+    other = next(a for a in times if a != c.algorithm)
+    steps = {"ring": 2 * (c.ranks - 1), "tree": tree_latency_steps(c.ranks, nodes)}
+    return (f"{c.algorithm}, {_figure(times[c.algorithm] * 1e3)} ms against the {other}'s "
+            f"{_figure(times[other] * 1e3)} ms ({c.ranks} ranks over {nodes} node{'s' if nodes > 1 else ''}, "
+            f"{_figure(c.bytes / max(1, c.calls) / 2**20)} MiB a call: {steps[c.algorithm]} latency steps a call "
+            f"against {steps[other]})")
+
+
+def _figure(x: float) -> str:
+    """Three significant figures, without an exponent: 0.0123, 1.23, 1,234."""
+    if x <= 0:
+        return "0"
+    return f"{x:,.{max(0, 2 - math.floor(math.log10(x)))}f}"
+
+
+def collectives_assumption(eff: Efficiency) -> str:
+    """The assumptions line for the collectives: the link, α, and which algorithm each collective runs as."""
+    if "tree" in eff.algorithms:
+        rule = ("an all-reduce as the faster of a ring (2(n−1)/n·S/B + 2(n−1)·α) and NCCL's tree (2·S/(0.92·B) + "
+                "2(g−1 + ⌊log2 N⌋)·α: a chain through the g ranks in each node, a double binary tree over the N "
+                "nodes; fewer latency steps, more bytes: it wins at small messages over many nodes, never inside "
+                "one node) for the collective's mean call size, the other collectives as rings (NCCL has no tree "
+                "for them)")
+    else:
+        rule = f"every collective as a ring ({eff.sources.get('algorithms', 'no tree on this part')})"
+    return (f"collectives: α-β on the group's slowest link at {eff.link:.2f} of its bandwidth, α "
+            f"{eff.latency_s * 1e6:.0f} µs ({eff.sources.get('link', '')}); {rule}")

@@ -410,10 +410,10 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: d
            f"memory traffic: {sum(counted['bytes'].values()) / 1e9:.2f} GB per step per GPU ("
            + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counted["bytes"].items())
            + f") at {eff.memory:.2f} of {part.memory_bandwidth / 1e9:,.0f} GB/s ({eff.sources.get('memory', '')})",
-           f"collectives: α-β ring on the group's slowest link at {eff.link:.2f} of its bandwidth, α "
-           f"{eff.latency_s * 1e6:.0f} µs ({eff.sources.get('link', '')})",
+           cost.collectives_assumption(eff),
            "model FLOPs (MFU): 6N + 12·L·d·T per token (PaLM appendix B); the hardware's include what checkpointing "
            "recomputes and a fused attention's causal half"]
+    out += [f"algorithm of the {c.name}: {c.algorithm_note}" for c in pred.collectives if c.algorithm_note]
     out += [f"overlap {name}: {text}" for name, text in cost.OVERLAP_RULES.items()
             if any(c.overlap_rule == name for c in pred.collectives)]
     if lay.pp > 1:

@@ -28,5 +28,9 @@ def test_calibrate_registers_this_cpu_with_measured_factors_and_predict_uses_the
         reduce = next(c for c in p.collectives if c.op == "all_reduce")
         assert reduce.link.startswith("loopback") and reduce.exposed_s == reduce.time_s > 0  # nothing overlaps here
         assert any("NO_OVERLAP_HERE" in a for a in p.assumptions)
+        # gloo's all-reduce is a ring: this part has no tree, and its prediction says so
+        assert eff.algorithms == ("ring",) and "gloo" in eff.sources["algorithms"]
+        assert reduce.algorithm == "ring" and not reduce.algorithm_note
+        assert any("every collective as a ring (gloo's all-reduce is a ring" in a for a in p.assumptions)
     finally:
         PARTS.pop("this-cpu", None)
