@@ -1,14 +1,18 @@
 """The cost model of one training step per GPU: a roofline for compute and memory traffic, the α-β collectives
 each parallel mode issues (collectives.py), overlap rules stated as rules, and the pipeline bubble.
 
-    compute_s  = matmul FLOPs / (peak × EFFICIENCY.matmul)                 (matmuls are compute-bound)
+    compute_s  = Σ matmuls max(FLOPs / (peak × EFFICIENCY.matmul),          (each matmul on its own roofline)
+                               bytes / (bandwidth × EFFICIENCY.memory))
+                 + fused attention FLOPs / (peak × EFFICIENCY.attention)
                  + other ops' bytes / (bandwidth × EFFICIENCY.memory)       (everything else is memory-bound)
                  + ops × EFFICIENCY.op_overhead_s                           (where dispatch is not hidden)
     step_s     = compute_s + Σ exposed communication + bubble
 
-The roofline is taken per class of operator and the classes are added (they run one after another): a matmul
-kernel's own weight and activation reads are inside its compute time; the element-wise, normalisation, softmax
-and optimizer kernels move bytes and do little arithmetic.  The efficiency factors are few, named and in one place
+The roofline is taken per matmul and per class of the other operators, and the terms are added (they run one
+after another).  A matmul's bytes are its inputs and its output at their dtypes (traffic.py counts them): a large
+square matmul is bound by its FLOPs, attention's batched ones (QKᵀ and AV, K = the head size) by their bytes on a
+GPU, whose ridge point (peak over bandwidth: 153 FLOP per byte for an A100 in bf16) is far above their arithmetic
+intensity.  The element-wise, normalisation, softmax and optimizer kernels move bytes and do little arithmetic.  The efficiency factors are few, named and in one place
 (`Efficiency`); each says where its value comes from.  `PUBLISHED` holds figures from public microbenchmarks for
 the GPU parts; `scalekit.calibrate()` measures them on the machine in hand (the "this-cpu" part).  Nothing here is
 tuned to the runs it is checked against.

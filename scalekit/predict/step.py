@@ -212,6 +212,12 @@ def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq)
     return compute_s, parts, colls, bubble_s, counted
 
 
+def autocast_device(part) -> str:
+    """Whose autocast policy a part's count follows: the CPU's for this machine's calibrated part ("this-cpu"), the
+    CUDA one for every GPU of the parts table."""
+    return "cpu" if part.name.startswith("this-cpu") else "cuda"
+
+
 def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -> dict:
     """Seconds of matmul (fused attention included, and apart) and of memory traffic, and the bytes moved, of one
     step on one GPU, from the operators counted in the model's own code (traffic.py).  Backward as traffic.py
@@ -221,7 +227,8 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
 
     autocast = lay.dtype in ("bf16", "fp16")
     bf16_weights = autocast and lay.sharding == "fsdp"  # FSDP's param_dtype: the gathered weights are bf16
-    counted = traffic.model_traffic(shape, seq, lay.flash_attention, autocast, 2 if bf16_weights else 4)
+    counted = traffic.model_traffic(shape, seq, lay.flash_attention, autocast, 2 if bf16_weights else 4,
+                                    autocast_device(part))
     layers = shape.n_layer // lay.pp
     # rows this GPU runs, a tensor-parallel rank's share of each and a context-parallel rank's share of every sequence
     # (its attention too: the sequence split into 2·cp chunks, two per rank, balances the causal work)
@@ -232,9 +239,11 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     def at(size: int) -> float:
         return eff.matmul_at(size, peak)
 
-    # the matmuls at one micro-batch's rows (their size sets a CPU's rate), then times the micro-batches
-    mm_s = traffic.matmul_seconds(traffic.scaled(fwd.matmuls, rows), at)
-    block_mm_s = traffic.matmul_seconds(traffic.scaled(block.matmuls, rows), at)
+    # the matmuls at one micro-batch's rows (their size sets a CPU's rate), then times the micro-batches; each on its
+    # own roofline (traffic.matmul_seconds: the longer of its FLOPs' time and its bytes' at the memory's rate)
+    bandwidth = part.memory_bandwidth * eff.memory
+    mm_s = traffic.matmul_seconds(traffic.scaled(fwd.matmuls, rows), at, bandwidth)
+    block_mm_s = traffic.matmul_seconds(traffic.scaled(block.matmuls, rows), at, bandwidth)
     mm_total = 3 * mm_s + recomputed_blocks * block_mm_s + (layers * block_mm_s / 2 if ckpt == "selective-torchtitan"
                                                             else 0.0)
     attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak)
@@ -400,9 +409,15 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: d
            f"{part.inter_link} (nodes of {GPUS_PER_NODE} unless per_node= says otherwise)",
            f"peak: {part.name} dense {lay.dtype} {part.peak(lay.dtype) / 1e12:,.1f} TFLOP/s "
            f"({part.sources.get('flops', 'measured by calibrate()')})",
-           f"compute: a roofline per class of operator, matmul time + other operators' memory traffic time + per-op "
+           f"compute: a roofline per matmul and per class of the other operators, matmul time + other operators' memory traffic time + per-op "
            f"overhead, from the operators of one forward counted on fake tensors in {counted['code']} "
-           f"(backward: matmuls 2×, fused attention 2.5×, other operators' bytes 2×); matmul "
+           f"(backward: matmuls 2×, fused attention 2.5×, other operators' bytes 2×); "
+           + (f"bf16 autocast counted with {'CPU' if autocast_device(part) == 'cpu' else 'CUDA'} autocast's op lists "
+              f"(aten/src/ATen/autocast_mode.h: on a GPU softmax, log_softmax, layer_norm and the losses in fp32); "
+              if lay.dtype in ("bf16", "fp16") else "")
+           + f"each matmul on its own roofline, the "
+           f"longer of its FLOPs at the matmul rate and its bytes (inputs and output at their dtypes) at the memory "
+           f"traffic's rate below; matmul "
            f"efficiency {'read from the calibrated curve at each matmul' + chr(39) + 's size' if eff.matmul_curve else eff.matmul}"
            f" ({eff.sources.get('matmul', '')})"
            + (f"; fused attention at {eff.attention:.2f} of the peak ({eff.sources.get('attention', '')})"
