@@ -163,6 +163,9 @@ class Cluster:
                 f"{min(self.count, self.per_node)})")
 
 
+MAX_GPUS = 2**20
+
+
 def gpus(spec, per_node: int | None = None) -> Cluster:
     """'8xH100-SXM', '64 x H100', 'H200' (one), or a Part: the GPUs a prediction is for.  Nodes hold
     GPUS_PER_NODE (8) GPUs unless `per_node` says otherwise."""
@@ -175,8 +178,9 @@ def gpus(spec, per_node: int | None = None) -> Cluster:
         if not m:
             raise ConfigError(f"gpus={spec!r}: write it as COUNTxPART, e.g. '8xH100-SXM'")
         count, name = int(m.group(1) or 1), m.group(2)
-    if count < 1:
-        raise ConfigError(f"gpus={spec!r}: the count must be at least 1")
+    if not 1 <= count <= MAX_GPUS:
+        raise ConfigError(f"gpus={spec!r}: the count must be from 1 to {MAX_GPUS:,} (above the largest clusters "
+                          f"built, about 100,000 GPUs)")
     chosen = part(name)
     node = per_node if per_node is not None else (count if chosen.name == "this-cpu" else GPUS_PER_NODE)
     if node < 1:

@@ -79,12 +79,34 @@ def _toggles(toggles) -> dict:
     if isinstance(toggles, str):
         toggles = [toggles]
     if isinstance(toggles, dict):
-        return dict(toggles)
+        return _checked(dict(toggles))
     out = {}
     for t in toggles:
         name, _, value = str(t).partition("=")
         out[name] = value or True
-    return out
+    return _checked(out)
+
+
+# values predict takes beyond the toggles' own: torchtitan's op policy, and context parallelism's degree
+PREDICT_ONLY = {"checkpointing": ("selective-torchtitan",), "context_parallel": None}
+
+
+def _checked(toggles: dict) -> dict:
+    """Each toggle known, each value one its toggle takes (as a run would refuse it), in a sentence naming both."""
+    from ..toggles import TOGGLES
+
+    for name, value in toggles.items():
+        if name in PREDICT_ONLY and (PREDICT_ONLY[name] is None or value in PREDICT_ONLY[name]):
+            continue
+        if name not in TOGGLES:
+            raise ConfigError(f"toggles: unknown toggle {name!r}; the known ones are {', '.join(sorted(TOGGLES))} and "
+                              f"context_parallel")
+        if name not in ("tensor_parallel", "pipeline_parallel", "grad_accum"):  # degrees: layout_of checks them
+            try:
+                TOGGLES[name].validate(value, "predict")
+            except ConfigError as exc:  # "toggles['zero'] must be ...", which the command line says as --toggle
+                raise ConfigError(str(exc).replace("predict.toggles[", "toggles[")) from None
+    return toggles
 
 
 def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:

@@ -36,8 +36,9 @@ def test_specs_parse_into_nodes_of_eight_and_unknown_parts_are_named():
     assert gpus("16xH200", per_node=4).nodes == 4
     with pytest.raises(ConfigError, match="unknown part 'TPU-v9'.*H100-SXM.*register"):
         part("TPU-v9")
-    with pytest.raises(ConfigError, match="at least 1"):
-        gpus("0xH100")
+    for count in ("0", "1048577", "99999999999999999999"):  # the last once hung plan_for, enumerating its divisors
+        with pytest.raises(ConfigError, match="the count must be from 1 to 1,048,576"):
+            gpus(f"{count}xH100")
 
 
 def test_a_user_adds_a_part():
@@ -80,6 +81,16 @@ def test_refusals_are_sentences_with_the_numbers():
         predict("llama3-8b", "8xH100-SXM", toggles=["fsdp"], batch_size=3)
     with pytest.raises(ConfigError, match=r"does not fit: the plan needs \d+\.\d GiB per GPU and a RTX-4090 has"):
         predict("llama3-70b", "1xRTX-4090", toggles=["bf16"], batch_size=1, seq_len=2048, strict=True)
+
+
+def test_a_toggle_predict_does_not_know_or_a_value_its_toggle_refuses_is_refused_naming_it():
+    # zero='zero9' once went through as a sharding the cost model prices as none
+    with pytest.raises(ConfigError, match=r"toggles\['zero'\] must be True or one of 'zero1', 'zero2'; got 'zero9'"):
+        predict("gpt2-124m", "8xH100-SXM", toggles={"zero": "zero9"})
+    with pytest.raises(ConfigError, match="unknown toggle 'fdsp'; the known ones are .*fsdp"):
+        plan_for("gpt2-124m", "8xH100-SXM", toggles=["fdsp"])
+    assert predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, "checkpointing": "selective-torchtitan",
+                                                       "context_parallel": 2}).layout.cp == 2
 
 
 @pytest.mark.parametrize("sizes", [{"seq_len": 0}, {"batch_size": 0}, {"seq_len": 2**24 + 1}, {"batch_size": 10**20},
