@@ -42,9 +42,8 @@ MISSING = {
     "torchtitan GiB": "the peak taken as the sum of the parts, and Korthikanti's GPT inventory (4h MLP, dropout masks) "
                       "used for Llama's SwiGLU and GQA layers, where torchtitan's op policy keeps only half the matmul "
                       "outputs; torchtitan's loss head; and its figure is the allocator's reserved peak",
-    "GPT-2": "CUDA's autocast runs softmax over the T×T scores in fp32 where the count (CPU autocast's policy) keeps "
-             "bf16: about half the attention's bytes; attention's batched matmuls (K = 64) counted at the "
-             "large-matmul factor",
+    "GPT-2": "eager mode's host dispatch and kernel launches, taken as hidden on a GPU (op_overhead_s = 0); "
+             "fused AdamW and the padded vocabulary have no term",
     "decode": "int8 weight-only matmuls at batch 1 dequantise inside the kernel and stream below a copy's bandwidth; "
               "the KV cache's reads, kernel launches and sampling per token",
 }
