@@ -1,27 +1,37 @@
-"""`scalekit.calibrate()`: the efficiency factors of the machine in hand, measured by microbenchmarks, and the
-"this-cpu" part built from them.
+"""`scalekit.calibrate()`: the efficiency factors of the machine in hand, measured by microbenchmarks, and the part
+built from them: "this-cpu" (the default), or "this-gpu" with `device="cuda"`.
 
-- matmul FLOP/s by size (square fp32 matmuls): the curve the cost model reads at a model's width, its best
-  value taken as this part's "peak" (a CPU has no datasheet figure to hold it against);
-- copy bandwidth (a large tensor copied: bytes read + written per second), and the share of it a transformer
-  block's element-wise operators achieve (the memory factor: on a CPU tanh and exp make them slower than a copy);
+- matmul FLOP/s by size: the curve the cost model reads at a model's width, its best value taken as this part's
+  peak.  On the CPU square fp32 matmuls (a CPU has no datasheet figure to hold it against); on a GPU bf16, fp32 and
+  TF32 curves, each size timed as a batch of matmuls that fills the device (one small matmul alone would time its
+  kernel launch, which the per-operator overhead counts apart), and the best held against the datasheet's dense
+  peak where the GPU's name is a part of the table (`parts.datasheet_part`);
+- copy bandwidth (a large tensor copied on the device: bytes read + written per second), and the share of it a
+  transformer block's element-wise operators achieve (the memory factor: on a CPU tanh and exp make them slower
+  than a copy);
 - per-operator overhead (a chain of tiny element-wise operators, forward and backward with autograd, over the
-  operators it dispatched);
-- all-reduce / all-gather / reduce-scatter bandwidth by message size over `ranks` gloo ranks started with
-  scalekit.launch, reported as nccl-tests does ("bus bandwidth": the ring's (n−1)/n factors applied), and the
-  latency α from the smallest message.
-Each figure is the median of `repeats` timings.  The default run takes a few seconds; sizes are arguments.
+  operators it dispatched: on a GPU the host's dispatch and kernel launch);
+- all-reduce / all-gather / reduce-scatter bandwidth by message size over `ranks` ranks started with
+  scalekit.launch (gloo on the CPU, NCCL with one rank per GPU, only where there are 2 GPUs or more), reported as
+  nccl-tests does ("bus bandwidth": the ring's (n−1)/n factors applied), and the latency α from the smallest
+  message.  They are measured first: a forked rank needs a parent that has not touched CUDA yet.
+Each figure is the median of `repeats` timings, on a GPU with torch.cuda.synchronize() before each clock reading.
+The default run takes a few seconds; sizes are arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
 import time
+from dataclasses import dataclass, field
 
-from .collectives import FACTORS
-from .cost import Efficiency
-from .parts import GB, Part, register
+from ..errors import ConfigError
+from .collectives import ALGORITHMS, FACTORS
+from .cost import PUBLISHED, Efficiency
+from .parts import GB, Part, datasheet_part, register
 
 _MEASURED: dict[str, object] = {}
 
@@ -33,45 +43,100 @@ GLOO_ALGORITHMS = ("gloo's all-reduce is a ring: torch's gloo process group name
 WINDOW_S = 0.05  # each timing spans at least this long: as long as a small step, so that a machine shared with other
 # processes slows the microbenchmark as much as it slows the run (a 1 ms timing fits in one scheduler slice)
 
+# the sizes each device is measured at unless told: a GPU's matmuls up to where its rate levels off, its copy far
+# beyond its caches (50 MB of L2 on an H100), its messages up to where NCCL's bus bandwidth levels off
+SIZES = {"cpu": dict(matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes=64, message_sizes=(2**12, 2**20, 2**23)),
+         "cuda": dict(matmul_sizes=(64, 128, 256, 512, 1024, 2048, 4096, 8192), copy_mbytes=1024,
+                      message_sizes=(2**16, 2**20, 2**24, 2**27))}
+GPU_DTYPES = ("bf16", "fp32", "tf32")  # the ladder's matmul dtypes; bf16 first: the part's default curve
+BATCH_FILL = 4096  # on a GPU, a size-n matmul is timed as (BATCH_FILL / n)³ of them at once (as much work as one
+MAX_ELEMENTS = 2**28  # of BATCH_FILL), at most MAX_ELEMENTS elements per operand (1 GiB in fp32)
 
-def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_counter) -> float:
+
+def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_counter, sync=None) -> float:
     """Seconds per call of `fn`: the median over `repeats` timings, each of as many calls as fill `window_s`, read
-    on `clock` (wall time; time.thread_time counts only this thread's CPU time, what other processes take left out)."""
+    on `clock` (wall time; time.thread_time counts only this thread's CPU time, what other processes take left out).
+    `sync` (torch.cuda.synchronize on a GPU) runs before every clock reading: the device's queued work is done."""
+    sync = sync or (lambda: None)
+    fn()  # warm-up: a GPU's first call also loads its kernel and library handles
+    sync()
     t0 = clock()
-    fn()  # warm-up, and the length of one call
+    fn()  # the length of one call
+    sync()
     calls = max(1, int(window_s / max(clock() - t0, 1e-9)))
     times = []
     for _ in range(repeats):
+        sync()
         t0 = clock()
         for _ in range(calls):
             fn()
+        sync()
         times.append((clock() - t0) / calls)
     return statistics.median(times)
 
 
-def matmul_curve(sizes=(32, 64, 128, 256, 512), repeats: int = 5, clock=time.perf_counter) -> tuple[tuple[int, float], ...]:
+def _sync_for(device):
+    """torch.cuda.synchronize for a CUDA device (what a timing on it must wait for), else None."""
     import torch
 
+    device = torch.device(device)
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def _matmul_precision(device, dtype: str):
+    """fp32 matmuls as fp32 and 'tf32' as TF32 on a GPU (torch's allow_tf32), restored after."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def matmul_batch(n: int, cuda: bool) -> int:
+    """How many size-n matmuls one timing runs at once: 1 on a CPU (a matmul runs on its cores alone), on a GPU as
+    many as fill it (BATCH_FILL), at most MAX_ELEMENTS elements per operand."""
+    return max(1, min((BATCH_FILL // n) ** 3, MAX_ELEMENTS // (n * n))) if cuda else 1
+
+
+def matmul_curve(sizes=(32, 64, 128, 256, 512), repeats: int = 5, clock=time.perf_counter, device="cpu",
+                 dtype: str = "fp32") -> tuple[tuple[int, float], ...]:
+    """(size, FLOP/s) of n×n×n matmuls in `dtype` ('fp32', 'tf32', 'bf16', 'fp16') on `device`."""
+    import torch
+
+    device = torch.device(device)
+    torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     out = []
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        t = _median_time(lambda a=a, b=b: a @ b, repeats, clock=clock)
-        out.append((n, 2 * n**3 / t))
+    with _matmul_precision(device, dtype):
+        for n in sizes:
+            batch = matmul_batch(n, device.type == "cuda")
+            shape = (batch, n, n) if batch > 1 else (n, n)
+            a, b = (torch.randn(shape, device=device, dtype=torch_dtype) for _ in range(2))
+            t = _median_time(lambda a=a, b=b: a @ b, repeats, clock=clock, sync=_sync_for(device))
+            out.append((n, 2 * batch * n**3 / t))
+            del a, b
     return tuple(out)
 
 
-def copy_bandwidth(mbytes: int = 64, repeats: int = 5, clock=time.perf_counter) -> float:
+def copy_bandwidth(mbytes: int = 64, repeats: int = 5, clock=time.perf_counter, device="cpu") -> float:
     import torch
 
-    src = torch.ones(mbytes * 2**20 // 4)
+    src = torch.ones(mbytes * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), repeats, clock=clock)
+    t = _median_time(lambda: dst.copy_(src), repeats, clock=clock, sync=_sync_for(device))
     return 2 * src.numel() * 4 / t  # read + write
 
 
-def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter) -> float:
+def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter, device="cpu") -> float:
     """Seconds per operator of a training-like chain of tiny operators: forward and backward through `chain`
-    small element-wise steps with autograd on, divided by the operators dispatched (counted)."""
+    small element-wise steps with autograd on, divided by the operators dispatched (counted).  On a GPU each is a
+    kernel launch too, and the kernels are too small to hide it."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -82,7 +147,7 @@ def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter) -> 
             Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    w = torch.ones(8, requires_grad=True)
+    w = torch.ones(8, requires_grad=True, device=device)
 
     def step():
         x = w
@@ -92,39 +157,49 @@ def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter) -> 
 
     with Count():
         step()
-    return _median_time(step, repeats, clock=clock) / Count.n
+    return _median_time(step, repeats, clock=clock, sync=_sync_for(device)) / Count.n
 
 
-def _collective_rank(sizes, repeats):
+def _collective_rank(sizes, repeats, backend: str = "gloo"):
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":  # one rank per GPU, as a run's ranks are placed
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     n = dist.get_world_size()
     rows = []
     try:
         for size in sizes:
             elements = max(n, size // 4 // n * n)
-            full = torch.ones(elements)
-            shard = torch.ones(elements // n)
+            full = torch.ones(elements, device=device)
+            shard = torch.ones(elements // n, device=device)
             ops = {"all_reduce": lambda full=full: dist.all_reduce(full),
                    "all_gather": lambda full=full, shard=shard: dist.all_gather_into_tensor(full, shard),
                    "reduce_scatter": lambda full=full, shard=shard: dist.reduce_scatter_tensor(shard, full)}
             for op, fn in ops.items():
                 dist.barrier()
-                t = _median_time(fn, repeats, window_s=0.0)  # every rank must make the same calls
+                # every rank must make the same calls: one per timing
+                t = _median_time(fn, repeats, window_s=0.0, sync=_sync_for(device))
                 rows.append((op, elements * 4, t))
     finally:
         dist.destroy_process_group()
     return rows
 
 
-def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: int = 5) -> dict:
-    """{op: [(bytes, seconds, bus bandwidth bytes/s)]} over `ranks` gloo ranks; 'latency_s': the smallest
-    message's all-reduce time over its 2(n−1) ring steps."""
+def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: int = 5,
+                         backend: str = "gloo") -> dict:
+    """{op: [(bytes, seconds, bus bandwidth bytes/s)]} over `ranks` ranks of `backend` ('gloo', or 'nccl': one rank
+    per GPU); 'latency_s': the smallest message's all-reduce time over its 2(n−1) ring steps."""
     from ..launch import launch
 
-    rows = launch(_collective_rank, list(sizes), repeats, nprocs=ranks)[0]
+    return bus_bandwidths(launch(_collective_rank, list(sizes), repeats, backend, nprocs=ranks)[0], ranks)
+
+
+def bus_bandwidths(rows, ranks: int) -> dict:
+    """(op, bytes, seconds) rows as nccl-tests reports them: {op: [(bytes, seconds, bus bytes/s)], 'latency_s'}."""
     out: dict = {}
     for op, nbytes, t in rows:
         out.setdefault(op, []).append((nbytes, t, FACTORS[op](ranks) * nbytes / t))
@@ -133,7 +208,8 @@ def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: i
     return out
 
 
-def elementwise_bandwidth(rows: int = 2048, width: int = 256, repeats: int = 5, clock=time.perf_counter) -> float:
+def elementwise_bandwidth(rows: int = 2048, width: int = 256, repeats: int = 5, clock=time.perf_counter,
+                          device="cpu") -> float:
     """Bytes per second the element-wise operators of a transformer block achieve here (layer norm, tanh GELU,
     softmax, a scale and a residual add; forward and backward with autograd), counted as the cost model counts a
     model's (traffic.py: each operator's reads and writes in forward, 2× in backward).  On a GPU these run at
@@ -143,7 +219,7 @@ def elementwise_bandwidth(rows: int = 2048, width: int = 256, repeats: int = 5, 
 
     from .traffic import BACKWARD_BYTES, _counter
 
-    x = torch.randn(rows, width, requires_grad=True)
+    x = torch.randn(rows, width, requires_grad=True, device=device)
 
     def chain():
         h = F.layer_norm(x, (width,))
@@ -154,60 +230,211 @@ def elementwise_bandwidth(rows: int = 2048, width: int = 256, repeats: int = 5, 
     with torch.no_grad(), count:
         chain()
     moved = (1 + BACKWARD_BYTES) * count.traffic.other_bytes
-    t = _median_time(lambda: chain().backward(), repeats, clock=clock)
+    t = _median_time(lambda: chain().backward(), repeats, clock=clock, sync=_sync_for(device))
     return moved / t
 
 
-def calibrate(ranks: int = 2, matmul_sizes=(32, 64, 128, 256, 512), copy_mbytes: int = 64,
-              message_sizes=(2**12, 2**20, 2**23), repeats: int = 5, threads: int | None = None,
-              clock=time.perf_counter, name: str = "this-cpu") -> Part:
-    """Measure this machine and register it as the part 'this-cpu' (returned; its `efficiency` holds the factors).
-    `ranks` gloo ranks measure the collectives (0 or 1: none, the link taken as the copy bandwidth).  `threads`
-    pins torch's intra-op threads while measuring (default: as they are).  `clock`: time.perf_counter (wall
-    time, what a run's step time is), or time.thread_time to measure CPU time on a machine other processes share
-    (the collectives stay on wall time); `name` the part it registers."""
+@dataclass(frozen=True)
+class Figures:
+    """What calibrate() measured on one device, before it becomes a part (gpu_part / cpu_part)."""
+
+    device_name: str
+    memory_bytes: float  # the device's memory (a CPU: the machine's memory limit)
+    curves: dict[str, tuple[tuple[int, float], ...]]  # dtype -> (size, FLOP/s)
+    copy_bandwidth: float  # bytes/s, read + write
+    elementwise_bandwidth: float  # bytes/s of a block's element-wise operators
+    op_overhead_s: float
+    copy_mbytes: int
+    ranks: int  # the ranks the collectives ran on (0: none)
+    collectives: dict = field(default_factory=dict)  # collective_bandwidth's result
+    collectives_why: str = ""  # why none were measured
+
+
+def calibrate(ranks: int = 2, matmul_sizes=None, copy_mbytes: int | None = None, message_sizes=None,
+              repeats: int = 5, threads: int | None = None, clock=time.perf_counter, name: str | None = None,
+              device: str = "cpu") -> Part:
+    """Measure this machine and register it as the part 'this-cpu' (returned; its `efficiency` holds the factors),
+    or with `device='cuda'` (or 'cuda:N') the GPU as 'this-gpu', which predict then takes as gpus='1xthis-gpu'.
+    `ranks` ranks measure the collectives (gloo on the CPU; NCCL on a GPU, at most one per GPU, none with fewer
+    than 2 GPUs; 0 or 1: none, the link taken as the copy bandwidth on the CPU and as the datasheet's on a GPU).
+    Sizes left out are SIZES' for the device.  `threads` pins torch's intra-op threads while measuring (default:
+    as they are).  `clock`: time.perf_counter (wall time, what a run's step time is), or time.thread_time to
+    measure CPU time on a machine other processes share (the collectives stay on wall time); `name` the part it
+    registers."""
+    import torch
+
+    kind = _device_kind(device)
+    sizes = SIZES[kind]
+    matmul_sizes, copy_mbytes = matmul_sizes or sizes["matmul_sizes"], copy_mbytes or sizes["copy_mbytes"]
+    colls, why, ranks = _collectives(kind, ranks, message_sizes or sizes["message_sizes"], repeats)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        figures = _measure(device, kind, matmul_sizes, copy_mbytes, repeats, clock)
+    finally:
+        torch.set_num_threads(before)
+    figures = dataclasses.replace(figures, ranks=ranks, collectives=colls, collectives_why=why)
+    part = gpu_part(name or "this-gpu", figures) if kind == "cuda" else cpu_part(name or "this-cpu", figures)
+    _MEASURED["collectives"] = colls
+    _MEASURED[part.name] = figures
+    return register(part)
+
+
+def _device_kind(device) -> str:
+    """'cpu' or 'cuda' for calibrate(device=...), asked without initialising CUDA (its ranks fork after)."""
+    from ..machine.hardware import cuda_gpu_present
+
+    kind = str(device).split(":")[0]
+    if kind not in SIZES:
+        raise ConfigError(f"calibrate(device={device!r}): give 'cpu', 'cuda' or 'cuda:N'")
+    if kind == "cuda" and not cuda_gpu_present():
+        import torch
+
+        raise ConfigError(f"calibrate(device={device!r}): torch sees no CUDA GPU here (torch {torch.__version__}, "
+                          f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'})")
+    return kind
+
+
+def _collectives(kind: str, ranks: int, sizes, repeats: int) -> tuple[dict, str, int]:
+    """(the collectives measured, why none were, the ranks they ran on): gloo ranks on the CPU, NCCL ranks on
+    the GPUs, one per GPU, where there are 2 or more."""
+    from ..machine.hardware import gpu_count_without_cuda_init
+
+    ranks = ranks or 0
+    if kind == "cuda":
+        gpus = gpu_count_without_cuda_init()
+        if min(ranks, gpus) < 2:
+            return {}, (f"not measured: NCCL's collectives need 2 GPUs, and {gpus} GPU{'s are' if gpus != 1 else ' is'}"
+                        f" here" if gpus < 2 else f"not measured: calibrate(ranks={ranks})"), 0
+        ranks = min(ranks, gpus)
+        return collective_bandwidth(ranks, sizes, repeats, backend="nccl"), "", ranks
+    if ranks < 2:
+        return {}, f"not measured: calibrate(ranks={ranks})", 0
+    return collective_bandwidth(ranks, sizes, repeats), "", ranks
+
+
+def _measure(device, kind: str, matmul_sizes, copy_mbytes: int, repeats: int, clock) -> Figures:
+    """Matmul curves, copy and element-wise bandwidth and the per-operator overhead on one device."""
     import torch
 
     from ..machine.hardware import detect
     from ..machine.memory_limit import machine_limit
 
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        curve = matmul_curve(matmul_sizes, repeats, clock)
-        bandwidth = copy_bandwidth(copy_mbytes, repeats, clock)
-        elementwise = elementwise_bandwidth(repeats=repeats, clock=clock)
-        overhead = op_overhead(repeats=repeats, clock=clock)
-    finally:
-        torch.set_num_threads(before)
-    colls = collective_bandwidth(ranks, message_sizes, repeats) if ranks and ranks > 1 else {}
+    hw = detect(str(device) if kind == "cuda" else "cpu")
+    dev = hw.device
+    dtypes = GPU_DTYPES if kind == "cuda" else ("fp32",)
+    curves = {dt: matmul_curve(matmul_sizes, repeats, clock, dev, dt) for dt in dtypes}
+    ew = dict(rows=16384, width=1024) if kind == "cuda" else {}  # a GPU's kernels as large as a model's
+    if kind == "cuda":
+        memory = torch.cuda.get_device_properties(dev).total_memory
+    else:
+        limit = machine_limit(hw)
+        memory = limit.limit_bytes if limit else 0
+    return Figures(hw.device_name, memory, curves, copy_bandwidth(copy_mbytes, repeats, clock, dev),
+                   elementwise_bandwidth(repeats=repeats, clock=clock, device=dev, **ew),
+                   op_overhead(repeats=repeats, clock=clock, device=dev), copy_mbytes, 0)
+
+
+def cpu_part(name: str, fig: Figures) -> Part:
+    """The CPU's part from its figures: the fp32 curve's best as its peak, the link the gloo collectives' best bus
+    bandwidth (the copy bandwidth where none ran), nothing overlapping."""
+    curve, colls, bandwidth = fig.curves["fp32"], fig.collectives, fig.copy_bandwidth
     best = max(f for _, f in curve)
     link = max((bw for op in ("all_reduce", "all_gather", "reduce_scatter") for _, _, bw in colls.get(op, [])),
                default=bandwidth)
     latency = colls.get("latency_s", 0.0)
-    eff = Efficiency(matmul=1.0, memory=elementwise / bandwidth, link=1.0, latency_s=latency, op_overhead_s=overhead,
-                     matmul_curve=curve, overlaps_communication=False, algorithms=("ring",), sources={
-                         "matmul": "calibrate(): fp32 square matmuls on this CPU, "
-                                   + ", ".join(f"{n}: {f / 1e9:.1f} GFLOP/s" for n, f in curve),
-                         "memory": f"calibrate(): a transformer block's element-wise operators (layer norm, tanh "
-                                   f"GELU, softmax, scale, add; forward and backward), {elementwise / GB:.1f} GB/s "
-                                   f"of operator traffic against a {copy_mbytes} MiB copy's {bandwidth / GB:.1f} "
-                                   f"GB/s read+write: {elementwise / bandwidth:.2f} of it",
-                         "link": f"calibrate(): best bus bandwidth of gloo collectives over {ranks} ranks, "
+    eff = Efficiency(matmul=1.0, memory=fig.elementwise_bandwidth / bandwidth, link=1.0, latency_s=latency,
+                     op_overhead_s=fig.op_overhead_s, matmul_curve=curve, overlaps_communication=False,
+                     algorithms=("ring",), sources={
+                         "matmul": "calibrate(): fp32 square matmuls on this CPU, " + _curve_text(curve),
+                         **_memory_sources(fig, "this CPU"),
+                         "link": f"calibrate(): best bus bandwidth of gloo collectives over {fig.ranks} ranks, "
                                  f"{link / GB:.2f} GB/s",
                          "latency_s": f"calibrate(): the smallest all-reduce per ring step, {latency * 1e6:.0f} µs",
-                         "algorithms": GLOO_ALGORITHMS,
-                         "op_overhead_s": f"calibrate(): a chain of tiny operators with autograd, forward and backward, {overhead * 1e6:.1f} µs per operator dispatched"})
-    limit = machine_limit(detect("cpu"))
-    memory = limit.limit_bytes if limit else 0
-    part = Part(name, {"fp32": best}, memory, bandwidth, "loopback (gloo, shared memory)", link,
+                         "algorithms": GLOO_ALGORITHMS})
+    return Part(name, {"fp32": best}, fig.memory_bytes, bandwidth, "loopback (gloo, shared memory)", link,
                 "none (one machine)", link,
                 {"flops": "calibrate(): the best fp32 matmul FLOP/s measured (a CPU has no dense-peak datasheet "
                           "figure here; MFU is against this)", "memory": "calibrate(): copy bandwidth and the "
                           "machine's memory limit"}, eff)
-    _MEASURED["collectives"] = colls
-    return register(part)
+
+
+def _curve_text(curve) -> str:
+    return ", ".join(f"{n}: {f / 1e9:,.1f} GFLOP/s" for n, f in curve)
+
+
+def _memory_sources(fig: Figures, where: str) -> dict[str, str]:
+    """The memory factor's and the per-operator overhead's sources, as any device measures them."""
+    share = fig.elementwise_bandwidth / fig.copy_bandwidth
+    return {"memory": f"calibrate(): a transformer block's element-wise operators (layer norm, tanh GELU, softmax, "
+                      f"scale, add; forward and backward), {fig.elementwise_bandwidth / GB:.1f} GB/s of operator "
+                      f"traffic against a {fig.copy_mbytes} MiB copy's {fig.copy_bandwidth / GB:.1f} GB/s read+write "
+                      f"on {where}: {share:.2f} of it",
+            "op_overhead_s": f"calibrate(): a chain of tiny operators with autograd, forward and backward, "
+                             f"{fig.op_overhead_s * 1e6:.1f} µs per operator dispatched on {where}"}
+
+
+def gpu_part(name: str, fig: Figures) -> Part:
+    """The GPU's part from its figures: each dtype's best matmul rate as its peak (fp16 taken as bf16's where not
+    measured), its copy bandwidth, its links as NCCL measured them, or where fewer than 2 GPUs ran them the
+    datasheet part's at PUBLISHED's factors (none where the GPU's name is no part of the table)."""
+    sheet = datasheet_part(fig.device_name)
+    peaks = {dt: max(f for _, f in c) for dt, c in fig.curves.items()}
+    if "bf16" in peaks:
+        peaks.setdefault("fp16", peaks["bf16"])
+    eff_links, links, link_sources = _gpu_links(fig, sheet)
+    curve = fig.curves.get("bf16") or next(iter(fig.curves.values()))
+    eff = Efficiency(matmul=1.0, memory=fig.elementwise_bandwidth / fig.copy_bandwidth, op_overhead_s=fig.op_overhead_s,
+                     matmul_curve=curve, matmul_curves=dict(fig.curves), overlaps_communication=True,
+                     queued_dispatch=True, **eff_links, sources={
+                         "matmul": f"calibrate(): matmuls on {fig.device_name}, each size a batch that fills it; "
+                                   + "; ".join(f"{dt} {_curve_text(c)}" for dt, c in fig.curves.items()),
+                         **_memory_sources(fig, fig.device_name), **link_sources})
+    return Part(name, peaks, fig.memory_bytes, fig.copy_bandwidth, *links,
+                {"flops": peak_words(fig.device_name, peaks, sheet),
+                 "memory": f"calibrate(): {fig.device_name}'s memory and its copy bandwidth", **link_sources}, eff)
+
+
+def _gpu_links(fig: Figures, sheet: Part | None) -> tuple[dict, tuple, dict]:
+    """(Efficiency's link fields, the part's four link fields, their sources) for a calibrated GPU."""
+    colls = fig.collectives
+    if colls:
+        best = max(bw for op in ("all_reduce", "all_gather", "reduce_scatter") for _, _, bw in colls[op])
+        latency = colls["latency_s"]
+        measured = f"calibrate(): best NCCL bus bandwidth over {fig.ranks} GPUs, {best / GB:.1f} GB/s"
+        inter = (sheet.inter_link, sheet.inter_bandwidth * PUBLISHED.link) if sheet else ("not measured", 0.0)
+        return (dict(link=1.0, latency_s=latency, algorithms=ALGORITHMS),
+                (f"measured (NCCL over {fig.ranks} GPUs)", best, *inter),
+                {"link": measured, "intra": measured,
+                 "latency_s": f"calibrate(): the smallest NCCL all-reduce per ring step, {latency * 1e6:.1f} µs",
+                 "inter": _sheet_link_words(sheet, "inter", "across nodes"),
+                 "algorithms": PUBLISHED.sources["algorithms"]})
+    words = f"{fig.collectives_why}; " + _sheet_link_words(sheet, "intra", "between GPUs")
+    links = (sheet.intra_link, sheet.intra_bandwidth * PUBLISHED.link, sheet.inter_link,
+             sheet.inter_bandwidth * PUBLISHED.link) if sheet else ("not measured", 0.0, "not measured", 0.0)
+    return (dict(link=1.0, latency_s=PUBLISHED.latency_s, algorithms=ALGORITHMS), links,
+            {"link": words, "intra": words, "inter": _sheet_link_words(sheet, "inter", "across nodes"),
+             "latency_s": f"{fig.collectives_why}; PUBLISHED's: {PUBLISHED.sources['latency_s']}",
+             "algorithms": PUBLISHED.sources["algorithms"]})
+
+
+def _sheet_link_words(sheet: Part | None, which: str, where: str) -> str:
+    if sheet is None:
+        return f"no link {where}: calibrate() did not measure it and this GPU's name is no part of the table"
+    return (f"the datasheet part {sheet.name}'s ({sheet.sources.get(which, '')}) at PUBLISHED's {PUBLISHED.link:.2f} "
+            f"of it, not measured here")
+
+
+def peak_words(device_name: str, peaks: dict[str, float], sheet: Part | None) -> str:
+    """The calibrated peaks, and their share of the datasheet's dense peaks where the GPU is a part of the table."""
+    measured = ", ".join(f"{dt} {f / 1e12:,.1f}" for dt, f in peaks.items())
+    if sheet is None:
+        return (f"calibrate(): the best matmul TFLOP/s measured on {device_name} ({measured}); its name is no part "
+                f"of the table, so no datasheet peak to hold them against")
+    shares = ", ".join(f"{dt} {f / sheet.peak_flops[dt]:.2f}" for dt, f in peaks.items() if dt in sheet.peak_flops)
+    return (f"calibrate(): the best matmul TFLOP/s measured on {device_name} ({measured}); of {sheet.name}'s dense "
+            f"datasheet peaks: {shares} (MFU is against the measured peaks)")
 
 
 def this_cpu() -> Part:
@@ -221,5 +448,11 @@ def measured_collectives() -> dict:
     return dict(_MEASURED.get("collectives", {}))
 
 
+def measured_figures(name: str) -> Figures | None:
+    """What calibrate() measured for the part `name` in this process (None: it has not run)."""
+    fig = _MEASURED.get(name)
+    return fig if isinstance(fig, Figures) else None
+
+
 __all__ = ["calibrate", "this_cpu", "matmul_curve", "copy_bandwidth", "op_overhead", "collective_bandwidth",
-           "dataclasses"]
+           "Figures", "cpu_part", "gpu_part", "measured_figures"]

@@ -43,13 +43,18 @@ class Efficiency:
     overlaps_communication: bool = True  # whether a rank computes while its collectives run (False on a CPU)
     algorithms: tuple[str, ...] = ALGORITHMS  # what an all-reduce may run as: NCCL's ring or tree; gloo's ring only
     sources: dict[str, str] = field(default_factory=dict)
+    # a curve per compute dtype where calibrate() measured several (a GPU: fp32, tf32, bf16); matmul_curve otherwise
+    matmul_curves: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # the host queues kernels ahead of the device (a GPU): dispatch costs only what exceeds the kernels' time
+    queued_dispatch: bool = False
 
-    def matmul_at(self, size: int, peak: float) -> float:
-        """The achieved FLOP/s for the model's matmuls: the calibrated curve read at `size` (log-linear between
-        measured sizes, the end values beyond them), else peak × matmul."""
-        if not self.matmul_curve:
+    def matmul_at(self, size: int, peak: float, dtype: str | None = None) -> float:
+        """The achieved FLOP/s for the model's matmuls: the calibrated curve (`dtype`'s where one was measured) read
+        at `size` (log-linear between measured sizes, the end values beyond them), else peak × matmul."""
+        curve = self.matmul_curves.get(dtype) or self.matmul_curve
+        if not curve:
             return peak * self.matmul
-        pts = sorted(self.matmul_curve)
+        pts = sorted(curve)
         if size <= pts[0][0]:
             return pts[0][1]
         for (s0, f0), (s1, f1) in zip(pts, pts[1:], strict=False):

@@ -6,7 +6,8 @@ here (each source string says which column was read).  Bandwidths are per GPU an
 "900 GB/s" for H100 is both directions added, 450 GB/s each way, and the α-β model needs one way.
 
 A user's part joins the table with `register(Part(...))`.  "this-cpu" is measured, not looked up: it exists once
-`scalekit.calibrate()` has run (see predict/calibrate.py).
+`scalekit.calibrate()` has run (see predict/calibrate.py); "this-gpu" once `scalekit.calibrate(device="cuda")` has.
+`datasheet_part(torch.cuda.get_device_name())` is the table's part a GPU's name is, where it is one.
 """
 
 from __future__ import annotations
@@ -124,6 +125,21 @@ for _p in (
 
 H100_96GB_500W_PEAK_FLOOR = "H100-NVL"  # the part whose peaks bound the 500 W part's from below (see above)
 
+# the names CUDA gives these parts (torch.cuda.get_device_name), first match wins; a name that matches none (an A100
+# PCIe, an H200 NVL, a GH200, the 96 GB H100: other clocks, memory or links) has no datasheet part here, never a guess
+DEVICE_NAMES = ((r"H100.*PCIe", "H100-PCIe"), (r"H100 NVL", "H100-NVL"), (r"H100 80GB HBM3|H100 SXM", "H100-SXM"),
+                (r"(?<!G)H200(?!.*NVL)", "H200"), (r"A100-SXM4-80GB", "A100-80GB-SXM"), (r"A100-SXM4-40GB", "A100-40GB-SXM"),
+                (r"B200", "B200"), (r"L40S", "L40S"), (r"RTX 4090", "RTX-4090"))
+
+
+def datasheet_part(device_name: str) -> Part | None:
+    """The parts table's part a CUDA device's name is (e.g. 'NVIDIA H100 80GB HBM3' -> H100-SXM), or None."""
+    for pattern, name in DEVICE_NAMES:
+        if re.search(pattern, device_name or ""):
+            return PARTS[name]
+    return None
+
+
 ALIASES = {"A100": "A100-80GB-SXM", "A100-80GB": "A100-80GB-SXM", "A100-40GB": "A100-40GB-SXM",
            "H100": "H100-SXM", "H200-SXM": "H200", "4090": "RTX-4090", "CPU": "this-cpu"}
 
@@ -140,6 +156,9 @@ def part(name: str) -> Part:
         if wanted in ("THIS-CPU", "CPU"):
             raise ConfigError("the part 'this-cpu' is measured, not looked up: run scalekit.calibrate() first "
                               "(or predict with gpus='this-cpu', which calibrates)")
+        if wanted == "THIS-GPU":
+            raise ConfigError("the part 'this-gpu' is measured, not looked up: run scalekit.calibrate(device='cuda') "
+                              "on the GPU first")
         raise ConfigError(f"unknown part {name!r}: the parts table knows {', '.join(sorted(PARTS))} "
                           f"(aliases {', '.join(sorted(ALIASES))}); add your own with "
                           f"scalekit.predict.register(Part(...))")
@@ -185,4 +204,10 @@ def gpus(spec, per_node: int | None = None) -> Cluster:
     node = per_node if per_node is not None else (count if chosen.name == "this-cpu" else GPUS_PER_NODE)
     if node < 1:
         raise ConfigError(f"per_node={per_node!r}: a node holds at least one GPU")
+    unmeasured = ("intra", chosen.intra_bandwidth) if count > 1 else None
+    unmeasured = ("inter", chosen.inter_bandwidth) if count > node else unmeasured
+    if unmeasured and not unmeasured[1]:  # a calibrated part whose link nothing measured nor a datasheet gives
+        raise ConfigError(f"gpus={spec!r}: {chosen.name} has no {unmeasured[0]}-node link figure "
+                          f"({chosen.sources.get(unmeasured[0], 'none given')}): predict it on "
+                          f"{'one GPU' if unmeasured[0] == 'intra' else 'one node'}, or give the part a link")
     return Cluster(chosen, count, node)

@@ -225,6 +225,8 @@ def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq)
     # the step's operators once per micro-batch; a pipeline rank runs only its stage's share of them
     ops = _ops(model, toggles, shape) * layout.micro_batches / layout.pp if eff.op_overhead_s else 0
     ops_s = ops * eff.op_overhead_s
+    if eff.queued_dispatch:  # a GPU's host runs ahead of its kernels: only the dispatch they do not cover shows
+        ops_s = max(0.0, ops_s - matmul_s - memory_s)
     compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
     cost.time_collectives(colls, cluster, eff, compute_s, layout, attention_s)
@@ -259,7 +261,7 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     recomputed_blocks = 0 if ckpt is None or isinstance(ckpt, str) else layers // ckpt
 
     def at(size: int) -> float:
-        return eff.matmul_at(size, peak)
+        return eff.matmul_at(size, peak, lay.dtype)
 
     # the matmuls at one micro-batch's rows (their size sets a CPU's rate), then times the micro-batches; each on its
     # own roofline (traffic.matmul_seconds: the longer of its FLOPs' time and its bytes' at the memory's rate)
@@ -268,7 +270,7 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     block_mm_s = traffic.matmul_seconds(traffic.scaled(block.matmuls, rows), at, bandwidth)
     mm_total = 3 * mm_s + recomputed_blocks * block_mm_s + (layers * block_mm_s / 2 if ckpt == "selective-torchtitan"
                                                             else 0.0)
-    attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak)
+    attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak, lay.dtype)
     attention_s = ((1 + traffic.ATTENTION_BACKWARD_FLOPS) * fwd.attention_flops
                    + recomputed_blocks * block.attention_flops) / attention_rate * share
     moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights)
@@ -440,7 +442,7 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: d
            + f"each matmul on its own roofline, the "
            f"longer of its FLOPs at the matmul rate and its bytes (inputs and output at their dtypes) at the memory "
            f"traffic's rate below; matmul "
-           f"efficiency {'read from the calibrated curve at each matmul' + chr(39) + 's size' if eff.matmul_curve else eff.matmul}"
+           f"efficiency {_curve_words(eff, lay.dtype) if eff.matmul_curve else eff.matmul}"
            f" ({eff.sources.get('matmul', '')})"
            + (f"; fused attention at {eff.attention:.2f} of the peak ({eff.sources.get('attention', '')})"
               if eff.attention and lay.flash_attention else ""),
@@ -463,8 +465,16 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: d
     if unmodelled(toggles):
         out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
                    f"the memory figure still comes from the planner where it is scalekit.estimate's)")
-    out.append(f"per-op overhead: {eff.op_overhead_s * 1e6:.1f} µs per operator ({eff.sources.get('op_overhead_s', '')})")
+    out.append(f"per-op overhead: {eff.op_overhead_s * 1e6:.1f} µs per operator ({eff.sources.get('op_overhead_s', '')})"
+               + ("; the host queues kernels ahead of the device: only the dispatch that exceeds the kernels' time is "
+                  "added" if eff.queued_dispatch else ""))
     return out
+
+
+def _curve_words(eff: cost.Efficiency, dtype: str) -> str:
+    """Which calibrated curve a prediction read its matmul rates from."""
+    which = f"{dtype} " if dtype in eff.matmul_curves else ""
+    return f"read from the calibrated {which}curve at each matmul's size"
 
 
 def predict_decode(model, gpus="A100-80GB-SXM", weight_bytes: float = 2.0, batch: int = 1, context: int = 0,

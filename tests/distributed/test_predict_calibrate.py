@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from scalekit.predict import PARTS, calibrate, predict
 from tests.forking import no_process_left_behind  # noqa: F401 - the same deadline and cleanup here
 
@@ -34,3 +36,22 @@ def test_calibrate_registers_this_cpu_with_measured_factors_and_predict_uses_the
         assert any("every collective as a ring (gloo's all-reduce is a ring" in a for a in p.assumptions)
     finally:
         PARTS.pop("this-cpu", None)
+
+
+@pytest.mark.multi_gpu
+def test_calibrate_on_gpus_measures_nccl_collectives_over_them_before_touching_cuda():
+    import torch
+
+    from scalekit.machine.hardware import gpu_count_without_cuda_init
+
+    ranks = min(2, gpu_count_without_cuda_init())
+    part = calibrate(device="cuda", ranks=ranks, matmul_sizes=(1024,), copy_mbytes=256, repeats=3)
+    try:
+        eff = part.efficiency
+        assert part.intra_link == f"measured (NCCL over {ranks} GPUs)" and part.intra_bandwidth > 1e9
+        assert 0 < eff.latency_s < 1e-3 and eff.link == 1.0 and "NCCL" in eff.sources["link"]
+        assert torch.cuda.is_initialized()  # after the ranks: the collectives forked first
+        p = predict("small", f"{ranks}xthis-gpu", toggles=["ddp", "bf16"])
+        assert next(c for c in p.collectives if c.op == "all_reduce").link.startswith("measured (NCCL")
+    finally:
+        PARTS.pop("this-gpu", None)
