@@ -326,10 +326,11 @@ def _saved_per_row(shape, lay: cost.Layout, seq: int) -> float:
 
 
 def _preset_defaults(model, shape):
-    """The built-in preset a name stands for (its default batch and context), else None."""
+    """The built-in preset a name (or a RunConfig's preset) stands for (its default batch and context), else None."""
     from ..models.presets import PRESETS
 
-    return PRESETS.get(model) if isinstance(model, str) and shape.source.startswith("scalekit") else None
+    name = model if isinstance(model, str) else getattr(model, "preset", None)
+    return PRESETS.get(name) if isinstance(name, str) and shape.source.startswith("scalekit") else None
 
 
 def _rows(batch: int, lay: cost.Layout) -> int:
@@ -405,15 +406,24 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
 
 def _ops(model, toggles, shape) -> int:
     """Operators dispatched in one training step of the built-in GPT, counted by running one step of the preset at
-    batch 1 (the count does not depend on the batch); 0 where the model is not the built-in GPT."""
+    batch 1 on this CPU (the count does not depend on the batch); 0 where the model is not the built-in GPT.  A toggle
+    this CPU cannot take (tf32: how a GPU's matmuls compute, not how many operators run) is counted without, and so is
+    compile: the counting dispatch mode sees the compiled step's operators as the eager ones (tiny with bf16: 658
+    both ways; with sdpa too: 582 both ways), and compiling the preset on a 2-core CPU to count them took 19 s (tiny)
+    to 27 s (gpt2-124m) a rung, cold."""
+    from ..machine.hardware import detect
+    from ..toggles import TOGGLES
     from .ops import count_step_ops
 
     preset = model if isinstance(model, str) else getattr(model, "preset", None)
     if not shape.source.startswith("scalekit") or preset is None:
         return 0
+    cpu = detect("cpu")
     # per micro-batch: the caller multiplies by the micro-batches (gradient accumulation's steps included)
     local = {k: v for k, v in toggles.items() if k not in ("ddp", "fsdp", "zero", "tensor_parallel",
-                                                           "pipeline_parallel", "grad_accum", "context_parallel")}
+                                                           "pipeline_parallel", "grad_accum", "context_parallel",
+                                                           "compile")
+             and (k not in TOGGLES or TOGGLES[k].available(cpu)[0])}
     return count_step_ops(preset, tuple(sorted((k, str(v)) for k, v in local.items())))
 
 

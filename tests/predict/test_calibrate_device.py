@@ -124,6 +124,17 @@ def test_dispatch_queued_ahead_of_a_gpus_kernels_shows_only_where_it_outlasts_th
     assert any("only the dispatch that exceeds" in a for a in host.assumptions)
 
 
+def test_every_rung_of_the_ladder_is_predicted_on_a_calibrated_gpu_at_the_run_configs_own_context():
+    register(gpu_part("test-gpu", _figures("NVIDIA H100 80GB HBM3")))
+    try:  # tf32 cannot run on this CPU, where the operators are counted: counted without it, not refused
+        rungs = {"tf32": True, "bf16": True, "compile": True, "sdpa": True}
+        p = predict(RunConfig(preset="tiny", batch_size=8, toggles=rungs, device="cpu"), "1xtest-gpu")
+    finally:
+        del PARTS["test-gpu"]
+    assert p.seq_len == 64 and p.batch_size == 8 and p.step_s > 0  # tiny's context, not 1024
+    assert p.compute_parts["per-op overhead"] > 0  # tiny's few small kernels: the host's dispatch is the bound
+
+
 def test_calibrating_a_gpu_that_is_not_here_or_a_device_that_does_not_exist_is_refused():
     import torch
 
