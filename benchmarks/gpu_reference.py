@@ -10,9 +10,11 @@ and the next still runs); results are written after every section (`OUT_DIR/refe
 `OUT_DIR/reference.md`, both atomically), so a run cut off at any point still leaves what it measured.
 
 Sections (see SECTIONS): the gpu-marked tests; the training ladder on gpt2-124m with a bare PyTorch loop
-beside it; the planner against the allocator; the inference ladder and HF generate; the data ladder; the
-fine-tuning ladder; and the odds and ends (empty_cache's cost, TF32 numerics, fp16 + GradScaler, SDPA's
-flash backend).  The Markdown lists every claim the course makes about GPUs with the value measured here
+beside it; the planner against the allocator; predict against measurement (`calibrate(device="cuda")`, then
+the gpt2-124m ladder and DDP/FSDP over every GPU here, each predicted on the calibrated part and on the
+datasheet part at cost.PUBLISHED's factors beside its measured step); the inference ladder and HF generate; the
+data ladder; the fine-tuning ladder; and the odds and ends (empty_cache's cost, TF32 numerics, fp16 +
+GradScaler, SDPA's flash backend).  The Markdown lists every claim the course makes about GPUs with the value measured here
 beside it, or "not measured" and why.
 
 The reference GPU machine has torch, transformers, peft and pytest but not the widget libraries,

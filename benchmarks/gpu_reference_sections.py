@@ -575,11 +575,172 @@ def _measured_over_ranks(cfg, world: int) -> dict:
             "step_ms": r.median_step_ms}
 
 
+# -- prediction against measurement: calibrate() on the device in hand, the ladder and DDP/FSDP --------------------
+PREDICT_BAND = 0.25  # a prediction "within" is within ±25% of the measured step (benchmarks/predict_vs_measured.py's)
+PREDICT_PARALLEL = {"ddp": {"ddp": True}, "fsdp": {"fsdp": True}}
+
+
+def predict_section(dry_run: bool) -> dict:
+    """calibrate() on the device in hand, then the single-GPU training ladder on gpt2-124m and DDP and FSDP on
+    every GPU here (2 or more), each predicted on the calibrated part and on the datasheet part the GPU's name maps
+    to (cost.PUBLISHED's factors), beside what it measured.  DDP and FSDP run first: their ranks fork, which a
+    process that has touched CUDA cannot.  The dry run calibrates the CPU (small sizes, no ranks) and climbs the
+    ladder on tiny; its DDP and FSDP rows are predicted only."""
+    from scalekit.machine.hardware import gpu_count_without_cuda_init
+
+    gpus = 0 if dry_run else gpu_count_without_cuda_init() or int(torch.cuda.is_available())
+    if not dry_run and not gpus:
+        return {"status": "skipped", "why": "no CUDA GPU here: calibrate(device='cuda') needs one", "tables": []}
+    size = SimpleNamespace(preset="tiny", batch=4, seq=64, steps=3, device="cpu", threads=1) if dry_run else \
+        SimpleNamespace(preset="gpt2-124m", batch=16, seq=1024, steps=10, device="cuda", threads=None)
+    parallel = _parallel_measured(gpus, size, dry_run)
+    part, sheet, calibration = _calibrated(gpus, dry_run)
+    ladder_rows = _ladder_predicted(part, sheet, size, dry_run)
+    parallel_rows = [dict(row, **_predicted(cfg, max(2, gpus), part, sheet, row.get("measured_ms")))
+                     for cfg, row in parallel]
+    claims, why = _predict_claims(part, sheet, ladder_rows, parallel_rows, gpus, dry_run)
+    return {"tables": [_table(f"calibrate() on {calibration['device']}", calibration["rows"]),
+                       _table(f"predicted against measured, training ladder, {size.preset}, {size.device}", ladder_rows),
+                       _table(f"predicted against measured, DDP and FSDP, {size.preset}, {size.device}", parallel_rows)],
+            "claims": claims, "claims_why": why}
+
+
+def _parallel_measured(gpus: int, size, dry_run: bool) -> list[tuple]:
+    """(config, row) for DDP and FSDP over every GPU here, measured through scalekit's launch where there are 2 or
+    more (before anything in this process touches CUDA); otherwise the row says why it is predicted only."""
+    from scalekit import RunConfig
+
+    world = max(2, gpus)
+    out = []
+    for mode, toggles in PREDICT_PARALLEL.items():
+        on_gpu = {"bf16": True, "sdpa": True} if not dry_run else {}  # the ladder's rungs a GPU run would keep
+        cfg = RunConfig(preset=size.preset, batch_size=size.batch * world, seq_len=size.seq, steps=size.steps,
+                        warmup_steps=2, toggles={**on_gpu, **toggles}, device=size.device, data="synthetic",
+                        threads=size.threads, measure_memory=False)
+        row = {"mode": f"{mode} ×{world}", "status": "ok", "ranks": world}
+        if gpus >= 2:
+            measured = _measured_over_ranks(cfg, world)
+            row.update(measured_ms=measured.pop("step_ms", None), **measured)
+        else:
+            row.update(status="predicted only", note="dry run: two launches of 2 gloo ranks would cost more CPU "
+                       "seconds than the rest of this section" if dry_run else f"{gpus} GPU here: DDP and FSDP need 2")
+        out.append((cfg, row))
+    return out
+
+
+def _calibrated(gpus: int, dry_run: bool):
+    """(the calibrated part, the datasheet part the device's name maps to or None, a table of what was measured)."""
+    from scalekit.predict import calibrate
+    from scalekit.predict.calibrate import measured_figures
+    from scalekit.predict.parts import GB, datasheet_part
+
+    if dry_run:
+        part = calibrate(ranks=0, matmul_sizes=(32, 64, 128), copy_mbytes=8, repeats=2, threads=1)
+    else:
+        part = calibrate(device="cuda", ranks=gpus)
+        torch.cuda.empty_cache()  # the microbenchmarks' buffers, before the ladder measures
+    fig, eff = measured_figures(part.name), part.efficiency
+    sheet = datasheet_part(fig.device_name)
+    rows = [{"figure": f"{dt} matmul, best TFLOP/s", "measured": max(f for _, f in c) / 1e12,
+             "datasheet": sheet.peak(dt) / 1e12 if sheet and dt in sheet.peak_flops else None,
+             "by size": ", ".join(f"{n}: {f / 1e12:.3g}" for n, f in c)} for dt, c in fig.curves.items()]
+    rows += [{"figure": "copy bandwidth, GB/s", "measured": part.memory_bandwidth / GB,
+              "datasheet": sheet.memory_bandwidth / GB if sheet else None},
+             {"figure": "memory factor (element-wise ÷ copy)", "measured": eff.memory, "datasheet": None},
+             {"figure": "per-operator overhead, µs", "measured": eff.op_overhead_s * 1e6, "datasheet": None},
+             {"figure": "link, GB/s one way", "measured": part.intra_bandwidth / GB if fig.collectives else None,
+              "datasheet": sheet.intra_bandwidth / GB if sheet else None, "by size": part.sources.get("intra", "")}]
+    return part, sheet, {"device": fig.device_name, "rows": rows}
+
+
+def _ladder_predicted(part, sheet, size, dry_run: bool) -> list[dict]:
+    """The training ladder as scalekit climbs it (the dry run without compile), each rung that ran predicted."""
+    import dataclasses
+
+    from scalekit import RunConfig
+    from scalekit.training.ladder import LADDER, ladder
+
+    base = RunConfig(preset=size.preset, batch_size=size.batch, seq_len=size.seq, steps=size.steps, warmup_steps=2,
+                     device=size.device, data="synthetic", threads=size.threads, measure_memory=False)
+    rows = []
+    for r in ladder(base, rungs=tuple(r for r in LADDER if r != "compile") if dry_run else LADDER):
+        row = {"rung": r.label, "status": r.status, "measured_ms": r.median_step_ms}
+        if r.status == "ok":
+            row.update(_predicted(dataclasses.replace(base, toggles=r.config["toggles"]), 1, part, sheet,
+                                  r.median_step_ms))
+        else:
+            row["note"] = r.error or ""
+        rows.append(row)
+    return rows
+
+
+def _predicted(cfg, count: int, part, sheet, measured_ms) -> dict:
+    """Predicted ms/step of `cfg` on `count` of the calibrated part and of the datasheet part (its PUBLISHED
+    factors), each with its ratio to the measured step; a refusal is the row's note."""
+    from scalekit.errors import ConfigError
+    from scalekit.predict import predict
+    from scalekit.predict.step import unmodelled
+
+    row, notes = {}, []
+    for key, chosen in (("calibrated", part), ("datasheet", sheet)):
+        if chosen is None:
+            continue
+        try:
+            step_ms = predict(cfg, f"{count}x{chosen.name}").step_s * 1e3
+        except ConfigError as exc:
+            notes.append(f"{key}: {exc}")
+            continue
+        row[f"{key}_ms"] = step_ms
+        row[f"{key}_ratio"] = step_ms / measured_ms if measured_ms else None
+    if unmodelled(cfg.toggles):
+        notes.append(f"not modelled (predicted as off): {', '.join(unmodelled(cfg.toggles))}")
+    row["predict_note"] = "; ".join(notes)
+    return row
+
+
+def _within(rows: list[dict], key: str) -> tuple[int, int]:
+    ratios = [r[f"{key}_ratio"] for r in rows if r.get(f"{key}_ratio") is not None]
+    return sum(abs(x - 1) <= PREDICT_BAND for x in ratios), len(ratios)
+
+
+def _predict_claims(part, sheet, ladder_rows, parallel_rows, gpus: int, dry_run: bool) -> tuple[dict, dict]:
+    from scalekit.predict.parts import GB
+
+    def counted(rows, what):
+        k, n = _within(rows, "calibrated")
+        ran = sum(r.get("measured_ms") is not None for r in rows)
+        text = f"{k} of {n} {what} within ±{PREDICT_BAND:.0%} on the calibrated part ({part.name})" + (
+            f" ({ran - n} of the {ran} measured not predicted on it: see the table's notes)" if n < ran else "")
+        if sheet is not None:
+            k2, n2 = _within(rows, "datasheet")
+            return text + f"; {k2} of {n2} on {sheet.name} at PUBLISHED's factors"
+        return text + "; no datasheet part: this device's name is no part of the table"
+
+    claims, why = {}, {}
+    claims["predict_ladder"] = counted(ladder_rows, "rungs")
+    if gpus >= 2:
+        claims["predict_parallel"] = counted(parallel_rows, f"modes over {gpus} GPUs")
+    else:
+        why["predict_parallel"] = parallel_rows[0]["note"]
+    if sheet is not None and "bf16" in part.peak_flops:
+        claims["matmul_share"] = (f"{part.peak('bf16') / 1e12:,.0f} TFLOP/s best bf16 matmul, "
+                                  f"{part.peak('bf16') / sheet.peak('bf16'):.2f} of {sheet.name}'s dense "
+                                  f"{sheet.peak('bf16') / 1e12:,.0f}")
+        claims["copy_share"] = (f"{part.memory_bandwidth / GB:,.0f} GB/s copy (read + write), "
+                                f"{part.memory_bandwidth / sheet.memory_bandwidth:.2f} of {sheet.name}'s "
+                                f"{sheet.memory_bandwidth / GB:,.0f}")
+    else:
+        reason = "dry run on the CPU: no datasheet part" if dry_run else "this GPU's name is no part of the table"
+        why.update(matmul_share=reason, copy_share=reason)
+    return claims, why
+
+
 # name -> (function, time limit in seconds), in priority order
 SECTIONS = {
     "gpu_tests": (gpu_tests, 150),
     "train_ladder": (train_ladder, 150),
     "planner": (planner, 60),
+    "predict": (predict_section, 240),
     "inference": (inference, 150),
     "data": (data, 90),
     "finetune": (finetune, 90),
@@ -598,6 +759,13 @@ CLAIMS = [
     ("≈50% MFU for GPT-2 124M with every toggle (A100, build-nanogpt)", "train_ladder", "ladder_mfu"),
     ("scalekit's harness costs ≤ 2% against a bare PyTorch loop", "train_ladder", "harness_ratio"),
     ("the planner predicts the allocator's peak within 10% on a GPU", "planner", "planner_error"),
+    ("predict within 25% of measured step time on the single-GPU ladder (gpt2-124m; calibrate() on the GPU, and the "
+     "datasheet part at cost.PUBLISHED's factors)", "predict", "predict_ladder"),
+    ("predict within 25% of measured step time for DDP and FSDP on the GPUs in hand", "predict", "predict_parallel"),
+    ("cost.PUBLISHED's matmul factor: bf16 matmuls reach ≈80% of the dense peak (ml-engineering's MAMF, H100 SXM)",
+     "predict", "matmul_share"),
+    ("cost.PUBLISHED's memory factor: a streaming copy reaches ≈85% of the HBM bandwidth (STREAM/BabelStream-style)",
+     "predict", "copy_share"),
     ("QLoRA ≈75% less peak GPU memory than LoRA (Vertex AI guidance)", "finetune", "qlora_memory"),
     ("LoRA ≈66% faster than QLoRA (Vertex AI guidance)", "finetune", "lora_speed"),
     ("gpt-fast: static cache + compile ≈4.2× eager decode (Llama-2-7B, A100: 25.5 → 107 tok/s)", "inference",

@@ -37,4 +37,8 @@ def test_the_dry_run_runs_every_section_and_writes_json_and_markdown(tmp_path):
     for name in ("train_ladder", "planner", "inference", "data", "finetune"):  # these run on a CPU too
         assert doc["sections"][name]["status"] == "ok", (name, doc["sections"][name])
         assert doc["sections"][name]["tables"][0]["rows"][0]["status"] == "ok", (name, doc["sections"][name])
+    predicted = doc["sections"]["predict"]  # calibrate() on the CPU, then its ladder predicted beside measured
+    assert predicted["status"] == "ok", predicted
+    baseline = next(t for t in predicted["tables"] if "ladder" in t["title"])["rows"][0]
+    assert baseline["status"] == "ok" and baseline["calibrated_ratio"] > 0, baseline
     assert time.monotonic() - t0 < 300  # "well under a minute" alone; generous on a shared CI machine
