@@ -392,7 +392,8 @@ def gpu_part(name: str, fig: Figures) -> Part:
                                    + "; ".join(f"{dt} {_curve_text(c)}" for dt, c in fig.curves.items()),
                          **_memory_sources(fig, fig.device_name), **link_sources})
     return Part(name, peaks, fig.memory_bytes, fig.copy_bandwidth, *links,
-                {"flops": peak_words(fig.device_name, peaks, sheet),
+                {"flops": peak_words(fig.device_name, {dt: peaks[dt] for dt in fig.curves}, sheet)
+                          + ("; fp16 taken as bf16's (not measured)" if "fp16" not in fig.curves else ""),
                  "memory": f"calibrate(): {fig.device_name}'s memory and its copy bandwidth", **link_sources}, eff)
 
 
