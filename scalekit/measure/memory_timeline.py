@@ -183,6 +183,7 @@ class TimelineRecorder(TorchDispatchMode):
             self._baseline(t, "parameters")
         for t in optimizer_state_tensors(optimizer) if optimizer is not None else ():
             self._baseline(t, "optimizer state")
+        self._baseline_events = len(self._events)  # the events before the first op: what was alive already
 
     # what is alive
     def _baseline(self, t: torch.Tensor, category: str) -> None:
@@ -331,6 +332,13 @@ class TimelineRecorder(TorchDispatchMode):
                 known = "activations" if kept else "temporaries"
             kinds.append(known)
         return kinds
+
+    def bytes_kept(self, first: int, end: int, at: int) -> int:
+        """Bytes of the storages that ops `first` to `end` − 1 (indices into `ops`) allocated and that are still
+        alive after op `at`: what a stretch of ops (a block's forward, say) left behind at a later point."""
+        lo, hi = (self._points[i - 1] if i else self._baseline_events for i in (first, end))
+        made = {alloc for alloc, n in self._events[lo:hi] if n > 0}
+        return sum(n for alloc, n in self._events[lo:self._points[at]] if alloc in made)
 
     def timeline(self, recorded_ms: float) -> Timeline:
         kinds = self._categories()

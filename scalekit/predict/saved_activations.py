@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -166,10 +167,35 @@ def train_step(model, ids, vocab: int, cast=None, on_loss=None, on_backward=None
     loss.backward()
 
 
-def _one_walk(shape, n_layer: int, rows: int, seq: int, policy, param_bytes: int, autocast: bool, fused: bool):
-    """One step of the counted model on fake tensors: (activations and temporaries per point, gradients per point,
-    (the first block's forward end, its backward's start), the loss's last point, the gradients' bytes, backward's
-    first point, the head's first point, the last block's backward's first point)."""
+class _Walk(NamedTuple):
+    """One step of the counted model on fake tensors, at one size."""
+
+    acts: np.ndarray  # activations and temporaries after each op
+    grads: np.ndarray  # gradients alive after each op
+    marks: dict[str, int]  # the points where the step's parts begin (see _mark_blocks and train_step)
+    grad_bytes: tuple[int, int]  # the model's gradients, one block's
+    held: tuple[int, int]  # what the first block keeps to its backward: as the loss ends, as backward begins
+
+
+def _mark_blocks(blocks, recorder, marks: dict) -> list:
+    """Hooks that note the op count where the first block's forward begins ('first') and ends ('held_from'), where
+    its backward begins ('held_to'), where the head begins ('head') and where the last block's backward begins."""
+    def noted(name):
+        return lambda *_: (marks.setdefault(name, len(recorder.ops)), None)[1]  # a hook that returns None
+
+    def done(start: str, backward: str):
+        def hook(module, args, output):
+            marks[start] = len(recorder.ops)
+            (output[0] if isinstance(output, tuple) else output).register_hook(noted(backward))
+        return hook
+
+    return [blocks[0].register_forward_pre_hook(noted("first")),
+            blocks[0].register_forward_hook(done("held_from", "held_to")),
+            blocks[-1].register_forward_hook(done("head", "last_backward"))]
+
+
+def _one_walk(shape, n_layer: int, rows: int, seq: int, policy, param_bytes: int, autocast: bool,
+              fused: bool) -> _Walk:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -184,34 +210,24 @@ def _one_walk(shape, n_layer: int, rows: int, seq: int, policy, param_bytes: int
         model.eval()  # no dropout, as the traffic count
         blocks = find_blocks(model)
         checkpoint_blocks(blocks, policy)
-        ids = torch.zeros(rows, seq, dtype=torch.long)
         recorder = TimelineRecorder(model)
-
-        def last_block_done(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            marks["head"] = len(recorder.ops)
-            out.register_hook(lambda grad: (marks.setdefault("last_backward", len(recorder.ops)), None)[1])
-
-        def first_block_done(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            marks["held_from"] = len(recorder.ops)
-            out.register_hook(lambda grad: (marks.setdefault("held_to", len(recorder.ops)), None)[1])
-
-        hooks = [blocks[0].register_forward_hook(first_block_done), blocks[-1].register_forward_hook(last_block_done)]
+        hooks = _mark_blocks(blocks, recorder, marks)
         cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else None
         with recorder:
-            train_step(model, ids, shape.vocab, cast, lambda: marks.setdefault("loss", len(recorder.ops)),
+            train_step(model, torch.zeros(rows, seq, dtype=torch.long), shape.vocab, cast,
+                       lambda: marks.setdefault("loss", len(recorder.ops) - 1),  # points count ops: its last op
                        lambda: marks.setdefault("backward", len(recorder.ops)))
         for hook in hooks:
             hook.remove()
         timeline = recorder.timeline(0.0)
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    acts = np.array(timeline.bytes["activations"], dtype=np.int64) + np.array(timeline.bytes["temporaries"],
-                                                                              dtype=np.int64)
-    grads = np.array(timeline.bytes["gradients"], dtype=np.int64)
-    # points count ops: the loss's last op is the point before the mark, backward's first the point at its mark
-    return (acts, grads, (marks["held_from"], marks["held_to"]), marks["loss"] - 1, grad_bytes, marks["backward"],
-            marks["head"], marks["last_backward"])
+        grad_bytes = tuple(sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
+                           for m in (model, blocks[0]))
+        # what the first block's forward made that is alive as the loss ends (autocast's cache of cast weights
+        # too) and as backward begins (the tensors saved for it, and its output where the next block keeps it)
+        held = tuple(recorder.bytes_kept(marks["first"], marks["held_from"], at)
+                     for at in (marks["loss"], marks["backward"]))
+    acts = np.add(timeline.bytes["activations"], timeline.bytes["temporaries"], dtype=np.int64)
+    return _Walk(acts, np.array(timeline.bytes["gradients"], dtype=np.int64), marks, grad_bytes, held)
 
 
 class NotAffine(Exception):
@@ -229,15 +245,13 @@ def step_walk(shape, seq: int, policy, param_bytes: int = 2, autocast: bool = Fa
     if policy not in WALKED:
         raise ValueError(f"the walk runs checkpointing {WALKED}; got {policy!r}")
     args = (seq, policy, param_bytes, autocast, fused)
-    runs = sorted(set(rows))
-    one = [_one_walk(shape, 1, r, *args) for r in runs] * (3 - len(runs))
-    two = [_one_walk(shape, 2, r, *args) for r in runs] * (3 - len(runs))
-    if len(two[0][0]) != len(two[1][0]):  # the same ops at both rows, or the sizes are not affine in the rows
+    two = [_one_walk(shape, 2, r, *args) for r in sorted(set(rows))] * (3 - len(set(rows)))
+    if len(two[0].acts) != len(two[1].acts):  # the same ops at both rows, or the sizes are not affine in the rows
         raise NotAffine(rows)
-    # what the second layer adds at the forward's end and at backward's first op
-    held = tuple(tuple(int(t[0][t[i]] - o[0][o[i]]) for o, t in zip(one, two, strict=True)) for i in (3, 5))
-    return StepWalk(rows, (two[0][0], two[1][0]), two[0][1], two[0][2], two[0][5], held, two[0][4] - one[0][4],
-                    two[0][4], two[0][3], two[0][6], two[0][7])
+    w, m = two[0], two[0].marks
+    held = tuple(tuple(x.held[phase] for x in two) for phase in (0, 1))
+    return StepWalk(rows, (w.acts, two[1].acts), w.grads, (m["held_from"], m["held_to"]), m["backward"], held,
+                    w.grad_bytes[1], w.grad_bytes[0], m["loss"], m["head"], m["last_backward"])
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_torchtitan_op_policy_keeps_the_input_attention_and_every_second_matmul(
 
 
 def test_predict_walks_the_public_shapes_memory_and_says_it_is_the_allocated_peak():
-    base = dict(gpus="8xH100-SXM", batch_size=16, seq_len=2048)
+    base = dict(gpus="8xH100-SXM", batch_size=8, seq_len=2048)
     peaks = {ckpt: predict("gpt2-124m", toggles={"fsdp": True, "bf16": True, "sdpa": True,
                                                  **({"checkpointing": ckpt} if ckpt else {})}, **base)
              for ckpt in (None, "selective", "selective-torchtitan", 1)}
