@@ -340,6 +340,21 @@ class TimelineRecorder(TorchDispatchMode):
         made = {alloc for alloc, n in self._events[lo:hi] if n > 0}
         return sum(n for alloc, n in self._events[lo:self._points[at]] if alloc in made)
 
+    def made_in(self, stretches) -> list[int]:
+        """After each op, the bytes of activations and temporaries alive that ops in `stretches` ((first, end)
+        pairs of indices into `ops`) allocated: what a part of the model (its blocks, say) holds at each point."""
+        bounds = [(self._points[a - 1] if a else self._baseline_events, self._points[b - 1] if b else 0)
+                  for a, b in stretches]
+        kinds = self._categories()
+        made = {alloc for lo, hi in bounds for alloc, n in self._events[lo:hi]
+                if n > 0 and kinds[alloc] in ("activations", "temporaries")}
+        series, now, done = [], 0, 0
+        for point in self._points:
+            now += sum(n for alloc, n in self._events[done:point] if alloc in made)
+            done = point
+            series.append(now)
+        return series
+
     def timeline(self, recorded_ms: float) -> Timeline:
         kinds = self._categories()
         now = dict.fromkeys(CATEGORIES, 0)

@@ -8,11 +8,11 @@ selective checkpoint API for the policies that keep some outputs (scalekit's 'se
 fused attention's; torchtitan's op policy keeps fused attention's and every second matmul's in a block).
 
 The peak is the most bytes alive at once (activations kept for backward, and whatever is in flight at that op),
-not a sum of inventories; it usually falls at the loss or as backward begins.  The walk runs the model with one and
-with two layers, at two and at three rows (one row alone as it is: there a reshape is a view where more rows copy):
-every tensor's size is affine in the rows, and a point of the two-layer walk between the first block's forward and
-its backward holds one other block's kept tensors (what the one-layer walk lacks at the same point), so L layers
-hold L − 1 of them there.  Blocks checkpointed differently (every k-th, checkpoint_sequential's segments) are priced
+not a sum of inventories; it usually falls at the loss or as backward begins.  The walk runs the model with two
+layers, at two and at three rows (one row alone as it is: there a reshape is a view where more rows copy): every
+tensor's size is affine in the rows, and a point of the walk between the first block's forward and its backward
+holds that block's kept tensors (what its forward made that is still alive then), so L layers hold L − 1 blocks'
+there.  Blocks checkpointed differently (every k-th, checkpoint_sequential's segments) are priced
 from the walks of each kind, at the last block and at each other block's backward.  Parameters are the walk's
 baseline; the gradients it sees are returned apart (the caller shards them as the layout does).  On this CPU the
 walk gives the peak the same model measures for real, op for op (tests/predict/test_saved_activations.py).
@@ -39,6 +39,7 @@ class StepWalk:
 
     rows: tuple[int, int]  # the rows the two walks ran at (the same twice: the walk holds for those rows only)
     acts: tuple[np.ndarray, np.ndarray]  # activations and temporaries after each op, at those rows
+    roots: tuple[np.ndarray, np.ndarray]  # of them, what the root made (embeddings, the final norm, head and loss)
     grads: np.ndarray  # gradients of the walked model alive after each op (its parameter dtype)
     region: tuple[int, int]  # the points where the first block's kept tensors are alive (its forward's end → backward)
     backward: int  # the first point of backward
@@ -58,9 +59,10 @@ class StepWalk:
     def held_per_block(self, rows: int, backward: bool = False) -> float:
         return self._at(rows, *self.held[backward])
 
-    def curve(self, rows: int, layers: int, others_held=None) -> tuple[np.ndarray, np.ndarray]:
-        """(activation bytes, fraction of all gradients alive) after each op, at `rows` rows and `layers` layers.
-        `others_held`: (forward, backward) bytes the other layers keep (default: layers − 1 blocks like this one)."""
+    def curve(self, rows: int, layers: int, others_held=None):
+        """(activation bytes, fraction of all gradients alive, the root's share of the bytes) after each op, at `rows`
+        rows and `layers` layers.  `others_held`: (forward, backward) bytes the other layers keep (default: layers − 1
+        blocks like this one)."""
         acts = np.asarray(self._at(rows, *(a.astype(float) for a in self.acts)), dtype=float).copy()
         lo, hi = self.region
         for phase, (start, end) in enumerate(((lo, self.backward), (self.backward, hi))):
@@ -70,7 +72,7 @@ class StepWalk:
         grads = self.grads.astype(float)
         grads[hi:] += (layers - 2) * self.block_grad_bytes  # the later blocks' gradients exist by then
         total = self.grad_bytes_2 + (layers - 2) * self.block_grad_bytes
-        return acts, grads / total if total else grads * 0
+        return acts, grads / total if total else grads * 0, self._at(rows, *(r.astype(float) for r in self.roots))
 
     def backward_curve(self, rows: int, layers: int, before_held: float, later: int):
         """(activation bytes, fraction of all gradients alive) over this block's backward when it is not the last:
@@ -80,7 +82,7 @@ class StepWalk:
         acts = acts + before_held - self.held_per_block(rows, True)
         grads = self.grads[lo:hi].astype(float) + later * self.block_grad_bytes
         total = self.grad_bytes_2 + (layers - 2) * self.block_grad_bytes
-        return acts, grads / total if total else grads * 0
+        return acts, grads / total if total else grads * 0, self._at(rows, *(r[lo:hi].astype(float) for r in self.roots))
 
     def where(self, point: int) -> str:
         """The part of the step a point of the walk falls in."""
@@ -175,11 +177,13 @@ class _Walk(NamedTuple):
     marks: dict[str, int]  # the points where the step's parts begin (see _mark_blocks and train_step)
     grad_bytes: tuple[int, int]  # the model's gradients, one block's
     held: tuple[int, int]  # what the first block keeps to its backward: as the loss ends, as backward begins
+    blocks: np.ndarray  # of acts, what the blocks' forwards and backwards made (the rest is the root's)
 
 
 def _mark_blocks(blocks, recorder, marks: dict) -> list:
     """Hooks that note the op count where the first block's forward begins ('first') and ends ('held_from'), where
-    its backward begins ('held_to'), where the head begins ('head') and where the last block's backward begins."""
+    its backward begins ('held_to'), where the head begins ('head'), where the last block's backward begins
+    ('last_backward') and where the first block's ends ('blocks_done')."""
     def noted(name):
         return lambda *_: (marks.setdefault(name, len(recorder.ops)), None)[1]  # a hook that returns None
 
@@ -189,7 +193,11 @@ def _mark_blocks(blocks, recorder, marks: dict) -> list:
             (output[0] if isinstance(output, tuple) else output).register_hook(noted(backward))
         return hook
 
-    return [blocks[0].register_forward_pre_hook(noted("first")),
+    def first(module, args):
+        noted("first")()
+        args[0].register_hook(noted("blocks_done"))  # the gradient of the blocks' input: their backward is over
+
+    return [blocks[0].register_forward_pre_hook(first),
             blocks[0].register_forward_hook(done("held_from", "held_to")),
             blocks[-1].register_forward_hook(done("head", "last_backward"))]
 
@@ -226,8 +234,10 @@ def _one_walk(shape, n_layer: int, rows: int, seq: int, policy, param_bytes: int
         # too) and as backward begins (the tensors saved for it, and its output where the next block keeps it)
         held = tuple(recorder.bytes_kept(marks["first"], marks["held_from"], at)
                      for at in (marks["loss"], marks["backward"]))
+        blocks = recorder.made_in([(marks["first"], marks["head"]), (marks["last_backward"], marks["blocks_done"])])
     acts = np.add(timeline.bytes["activations"], timeline.bytes["temporaries"], dtype=np.int64)
-    return _Walk(acts, np.array(timeline.bytes["gradients"], dtype=np.int64), marks, grad_bytes, held)
+    return _Walk(acts, np.array(timeline.bytes["gradients"], dtype=np.int64), marks, grad_bytes, held,
+                 np.array(blocks, dtype=np.int64))
 
 
 class NotAffine(Exception):
@@ -250,7 +260,7 @@ def step_walk(shape, seq: int, policy, param_bytes: int = 2, autocast: bool = Fa
         raise NotAffine(rows)
     w, m = two[0], two[0].marks
     held = tuple(tuple(x.held[phase] for x in two) for phase in (0, 1))
-    return StepWalk(rows, (w.acts, two[1].acts), w.grads, (m["held_from"], m["held_to"]), m["backward"], held,
+    return StepWalk(rows, (w.acts, two[1].acts), (w.acts - w.blocks, two[1].acts - two[1].blocks), w.grads, (m["held_from"], m["held_to"]), m["backward"], held,
                     w.grad_bytes[1], w.grad_bytes[0], m["loss"], m["head"], m["last_backward"])
 
 
@@ -279,8 +289,9 @@ def block_policies(policy, layers: int) -> list:
 
 
 def walked_peak(shape, layers: int, rows: int, seq: int, policy, param_bytes: int = 2, autocast: bool = False,
-                fused: bool = True, grads_bytes: float = 0.0, divide: float = 1.0) -> WalkedPeak:
-    """The peak of activations (divided by `divide`: tensor × context parallel) plus the gradients' bytes alive
+                fused: bool = True, grads_bytes: float = 0.0, divide: tuple[float, float] = (1, 1)) -> WalkedPeak:
+    """The peak of activations (the blocks' divided by `divide`[0], the root's by `divide`[1]: a tensor-parallel
+    rank holds 1/tp of the blocks' and all of the replicated head's) plus the gradients' bytes alive
     (`grads_bytes` in all, as the layout holds them) over the step, for `layers` layers at `rows` rows: the last
     block's forward, the loss and its backward with every other block's kept tensors held; and, where the blocks
     differ, each other block's backward (the blocks before it held, the gradients of those after it alive)."""
@@ -307,16 +318,18 @@ def walked_peak(shape, layers: int, rows: int, seq: int, policy, param_bytes: in
     bytes_per_block = grads_bytes / layers  # the gradients a block's backward leaves (as the layout holds them)
     for kind in {p for p, _, _ in places}:
         # the same point peaks at every place (the places differ by constants): take the place that adds most
-        _, before, later = max((p for p in places if p[0] == kind), key=lambda p: p[1] / divide + p[2] * bytes_per_block)
+        _, before, later = max((p for p in places if p[0] == kind),
+                               key=lambda p: p[1] / divide[0] + p[2] * bytes_per_block)
         walk = walks[kind]
         candidates.append((*walk.backward_curve(rows, layers, before, later), walk, walk.last_backward))
     best = None
-    for a, f, walk, offset in candidates:
-        total = a / divide + grads_bytes * f
+    for a, f, root, walk, offset in candidates:
+        acts = (a - root) / divide[0] + root / divide[1]
+        total = acts + grads_bytes * f
         i = int(np.argmax(total))
         if best is None or total[i] > best[0]:
-            best = (total[i], a[i] / divide, f[i], walk.where(i + offset))
-    held = sum(kept[p][0] for p in blocks) / layers / divide
+            best = (total[i], acts[i], f[i], walk.where(i + offset))
+    held = sum(kept[p][0] for p in blocks) / layers / divide[0]
     return WalkedPeak(float(best[1]), float(best[2]), best[3], held)
 
 

@@ -351,10 +351,11 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
     bf16_weights = autocast and lay.sharding == "fsdp"  # FSDP's param_dtype: the gathered weights are bf16 (as _counted)
     layers = shape.n_layer // lay.pp
     policy = _walk_policy(lay.checkpointing)
-    # the walk: activations and temporaries op by op, a tensor-parallel rank's 1/tp of each and a context-parallel
-    # rank's 1/cp of every sequence, with the gradients alive at each op (zero_grad(set_to_none=True) before the step)
+    # the walk: activations and temporaries op by op, a context-parallel rank's 1/cp of every sequence and a
+    # tensor-parallel rank's 1/tp of the blocks' (the embeddings and the head stay whole), with the gradients alive
+    # at each op (zero_grad(set_to_none=True) before the step)
     walk = walked_peak(shape, layers, rows, seq, policy, 2 if bf16_weights else 4, autocast, lay.flash_attention,
-                       grads_bytes=grads, divide=lay.tp * lay.cp)
+                       grads_bytes=grads, divide=(lay.tp * lay.cp, lay.cp))
     activations = walk.activations
     in_flight = 1
     if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
@@ -363,22 +364,32 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
     peak = params + state + buffers + activations + grads * walk.grads_fraction
     mem = {k: int(v) for k, v in dict(params=params, grads=grads, optimizer_state=state, activations=activations,
                                       comm_buffers=buffers, peak=peak).items()}
-    assumptions.append(
-        "memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
-        f"split over {shard} data-parallel ranks as {lay.sharding} splits them; activations walked op by op: the "
-        "counted model (1 and 2 layers, 2 and 3 rows) run forward, loss (logits → fp32 → cross_entropy) and backward "
-        "on fake tensors at the real sizes under scalekit's memory timeline, "
-        + ("without checkpointing" if policy is None else f"checkpointing {policy!r} applied as torch applies it")
-        + (", bf16 weights (FSDP's param_dtype)" if bf16_weights else ", bf16 autocast (CPU policy)" if autocast
-           else "")
-        + f"; a block keeps {walk.held_per_block / GIB:.2f} GiB to its backward (on average), scaled to {layers} layers"
-        + (f", {in_flight} micro-batches in flight on the first stage" if in_flight > 1 else "")
-        + f" (Korthikanti et al. 2022 count 34·s·b·h bytes per GPT layer without checkpointing: "
-        f"{34 * seq * rows * shape.d / (lay.tp * lay.cp) / GIB:.2f} GiB; their sum is no longer the peak)"
-        + f"; the peak is the walk's most bytes alive at once ({walk.where}: {activations / GIB:.1f} GiB of activations and "
-        f"temporaries, {100 * walk.grads_fraction:.0f}% of the gradients), not a sum; it is the allocated peak: a "
-        "caching allocator reserves more (fragmentation), and torchtitan's 'Memory' is the reserved peak")
+    assumptions.append(_walked_assumption(shape, lay, rows, seq, policy, walk, activations, in_flight))
     return mem, "walked (the counted model's step on fake tensors; 16 bytes per parameter for mixed-precision AdamW)"
+
+
+def _walked_assumption(shape, lay: cost.Layout, rows: int, seq: int, policy, walk, activations, in_flight) -> str:
+    autocast = lay.dtype in ("bf16", "fp16")
+    return (
+        "memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
+        f"split over {lay.grad_ranks} data-parallel ranks as {lay.sharding} splits them; activations walked op by op: "
+        "the counted model (2 layers at 2 and 3 rows, scaled) run forward, loss (logits → fp32 → cross_entropy) and "
+        "backward on fake tensors at the real sizes under scalekit's memory timeline, "
+        + ("without checkpointing" if policy is None else f"checkpointing {policy!r} applied as torch applies it")
+        + (", bf16 weights (FSDP's param_dtype)" if autocast and lay.sharding == "fsdp"
+           else ", bf16 autocast (CPU policy)" if autocast else "")
+        + f"; a block keeps {walk.held_per_block / GIB:.2f} GiB to its backward (on average), scaled to "
+        f"{shape.n_layer // lay.pp} layers (Korthikanti et al. 2022 count 34·s·b·h bytes per GPT layer without "
+        f"checkpointing: {34 * seq * rows * shape.d / (lay.tp * lay.cp) / GIB:.2f} GiB; their sum is no longer the peak)"
+        + (f", {in_flight} micro-batches in flight on the first stage" if in_flight > 1 else "")
+        + (f"; the blocks' bytes ÷ tensor_parallel {lay.tp} (the embeddings, head and loss whole on every rank, as "
+           "scalekit's tensor_parallel leaves them)" if lay.tp > 1 else "")
+        + (f"; every byte ÷ context_parallel {lay.cp} (each rank holds 1/{lay.cp} of every sequence)" if lay.cp > 1
+           else "")
+        + f"; the peak is the walk's most bytes alive at once ({walk.where}: {activations / GIB:.1f} GiB of "
+        f"activations and temporaries, {100 * walk.grads_fraction:.0f}% of the gradients), not a sum; it is the "
+        "allocated peak: a caching allocator reserves more (fragmentation), and torchtitan's 'Memory' is the reserved "
+        "peak")
 
 
 def _walk_policy(checkpointing):

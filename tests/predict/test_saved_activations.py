@@ -60,6 +60,18 @@ def test_torchtitan_op_policy_keeps_the_input_attention_and_every_second_matmul(
     assert full.held_per_block(1) == 2 * t * d  # full checkpointing keeps the block's input alone
 
 
+def test_a_tensor_parallel_rank_divides_the_blocks_share_and_keeps_the_heads_whole():
+    def walked(divide):
+        return sa.walked_peak(LLAMA, 3, 1, SEQ, "selective-torchtitan", 2, False, True, divide=divide).activations
+
+    whole = walked((1, 1))
+    assert walked((2, 2)) == whole / 2  # context parallel: half of every sequence, the head's too
+    root = 2 * walked((2, 1)) - whole  # blocks / 2 + root, at the same point
+    # as backward begins the root holds the loss's three fp32 logits-sized tensors (log-softmax, its gradient and the
+    # logits' gradient) and a little more (the final norm, the head's input)
+    assert 3 * 4 * SEQ * LLAMA.vocab < root < 1.5 * 3 * 4 * SEQ * LLAMA.vocab < whole
+
+
 def test_predict_walks_the_public_shapes_memory_and_says_it_is_the_allocated_peak():
     base = dict(gpus="8xH100-SXM", batch_size=8, seq_len=2048)
     peaks = {ckpt: predict("gpt2-124m", toggles={"fsdp": True, "bf16": True, "sdpa": True,
