@@ -118,7 +118,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
         else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
-    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdigit() else ckpt)
+    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdecimal() and str(ckpt).isascii() else ckpt)
     return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles, cp)
 
 
@@ -398,7 +398,7 @@ def _walk_policy(checkpointing):
         return None
     if checkpointing is True:
         return 1
-    if isinstance(checkpointing, int) or str(checkpointing).isdigit():
+    if isinstance(checkpointing, int) or (str(checkpointing).isdecimal() and str(checkpointing).isascii()):
         if int(checkpointing) < 1:
             raise ConfigError(f"checkpointing every {checkpointing} blocks: give a count of 1 or more")
         return int(checkpointing)
