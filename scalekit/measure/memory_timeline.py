@@ -183,6 +183,7 @@ class TimelineRecorder(TorchDispatchMode):
             self._baseline(t, "parameters")
         for t in optimizer_state_tensors(optimizer) if optimizer is not None else ():
             self._baseline(t, "optimizer state")
+        self._baseline_events = len(self._events)  # the events before the first op: what was alive already
 
     # what is alive
     def _baseline(self, t: torch.Tensor, category: str) -> None:
@@ -331,6 +332,28 @@ class TimelineRecorder(TorchDispatchMode):
                 known = "activations" if kept else "temporaries"
             kinds.append(known)
         return kinds
+
+    def bytes_kept(self, first: int, end: int, at: int) -> int:
+        """Bytes of the storages that ops `first` to `end` − 1 (indices into `ops`) allocated and that are still
+        alive after op `at`: what a stretch of ops (a block's forward, say) left behind at a later point."""
+        lo, hi = (self._points[i - 1] if i else self._baseline_events for i in (first, end))
+        made = {alloc for alloc, n in self._events[lo:hi] if n > 0}
+        return sum(n for alloc, n in self._events[lo:self._points[at]] if alloc in made)
+
+    def made_in(self, stretches) -> list[int]:
+        """After each op, the bytes of activations and temporaries alive that ops in `stretches` ((first, end)
+        pairs of indices into `ops`) allocated: what a part of the model (its blocks, say) holds at each point."""
+        bounds = [(self._points[a - 1] if a else self._baseline_events, self._points[b - 1] if b else 0)
+                  for a, b in stretches]
+        kinds = self._categories()
+        made = {alloc for lo, hi in bounds for alloc, n in self._events[lo:hi]
+                if n > 0 and kinds[alloc] in ("activations", "temporaries")}
+        series, now, done = [], 0, 0
+        for point in self._points:
+            now += sum(n for alloc, n in self._events[done:point] if alloc in made)
+            done = point
+            series.append(now)
+        return series
 
     def timeline(self, recorded_ms: float) -> Timeline:
         kinds = self._categories()

@@ -2,9 +2,9 @@
 tokens/s and MFU per GPU for GPUs that need not be here, with the assumptions each figure rests on.
 
 Memory: for the built-in GPT, scalekit.estimate's own plan (its analytic per-layer inventory, per rank); for the
-public shapes, the formulas of DESIGN.md (mixed-precision AdamW 16 bytes per parameter split as the sharding
-splits it; Korthikanti's 34·s·b·h (+5·a·s²·b without a fused attention) bytes per layer, selective recompute
-dropping the second term, full recompute keeping 2·s·b·h per layer and one layer's whole).  Time: cost.py.
+public shapes, mixed-precision AdamW's 16 bytes per parameter split as the sharding splits it, and the activations
+walked op by op (saved_activations.py: the counted model's step on fake tensors, its checkpointing applied as torch
+applies it; the peak is the most bytes alive at once).  Time: cost.py.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
         else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
-    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdigit() else ckpt)
+    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdecimal() and str(ckpt).isascii() else ckpt)
     return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles, cp)
 
 
@@ -367,22 +367,13 @@ def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
 
 
 def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, assumptions: list[str]):
+    from .saved_activations import walked_peak
+
     n = shape.n_params / (lay.tp * lay.pp)
     shard = lay.grad_ranks
     params = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
     grads = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
     state = 8 * n / (shard if lay.sharding in ("fsdp", "zero1", "zero2") else 1)
-    s, b, h, a = seq, rows, shape.d, shape.n_head
-    per_layer = s * b * h * 34 + (0 if (lay.flash_attention or lay.checkpointing in SELECTIVE) else 5 * a * s * s * b)
-    per_layer /= lay.tp * lay.cp  # a context-parallel rank keeps its 1/cp of every sequence
-    layers = shape.n_layer // lay.pp
-    if isinstance(lay.checkpointing, int):
-        kept = 2 * s * b * h * layers + per_layer  # layer boundaries, and one layer's whole during its backward
-    else:
-        kept = per_layer * layers
-    if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
-        kept *= lay.micro_batches if lay.schedule == "gpipe" else min(lay.pp, lay.micro_batches)
-    head = b * s * shape.vocab * (lay.act_bytes + 4) / lay.cp  # the logits in the compute dtype and their fp32 log-softmax
     buffers = 0.0
     if lay.sharding == "fsdp":  # two units gathered (one prefetched) in the compute dtype, one unit's fp32 gradients
         buffers = 2 * shape.block_params * lay.act_bytes / lay.tp + 4 * shape.block_params / lay.tp
@@ -390,18 +381,65 @@ def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, as
         buffers = n * lay.act_bytes
     elif lay.sharding in ("ddp", "zero1"):
         buffers = grads  # DDP's buckets: a flat copy of every gradient
-    activations = kept + head
-    peak = params + grads + state + activations + buffers
+    autocast = lay.dtype in ("bf16", "fp16")
+    bf16_weights = autocast and lay.sharding == "fsdp"  # FSDP's param_dtype: the gathered weights are bf16 (as _counted)
+    layers = shape.n_layer // lay.pp
+    policy = _walk_policy(lay.checkpointing)
+    # the walk: activations and temporaries op by op, a context-parallel rank's 1/cp of every sequence and a
+    # tensor-parallel rank's 1/tp of the blocks' (the embeddings and the head stay whole), with the gradients alive
+    # at each op (zero_grad(set_to_none=True) before the step)
+    walk = walked_peak(shape, layers, rows, seq, policy, 2 if bf16_weights else 4, autocast, lay.flash_attention,
+                       grads_bytes=grads, divide=(lay.tp * lay.cp, lay.cp))
+    activations = walk.activations
+    in_flight = 1
+    if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
+        in_flight = lay.micro_batches if lay.schedule == "gpipe" else min(lay.pp, lay.micro_batches)
+        activations += (in_flight - 1) * layers * walk.held_per_block
+    peak = params + state + buffers + activations + grads * walk.grads_fraction
     mem = {k: int(v) for k, v in dict(params=params, grads=grads, optimizer_state=state, activations=activations,
                                       comm_buffers=buffers, peak=peak).items()}
-    assumptions.append("memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
-                       f"split over {shard} data-parallel ranks as {lay.sharding} splits them; activations by "
-                       "Korthikanti et al. (2022): 34·s·b·h bytes per layer"
-                       + ("" if lay.flash_attention or lay.checkpointing in SELECTIVE else " + 5·a·s²·b")
-                       + (", full recompute keeping 2·s·b·h per layer" if isinstance(lay.checkpointing, int) else "")
-                       + "; the loss head's logits (compute dtype) and fp32 log-softmax; the peak as the sum (no "
-                         "moment-by-moment walk)")
-    return mem, "formulas (Korthikanti et al. 2022; 16 bytes per parameter for mixed-precision AdamW)"
+    assumptions.append(_walked_assumption(shape, lay, rows, seq, policy, walk, activations, in_flight))
+    return mem, "walked (the counted model's step on fake tensors; 16 bytes per parameter for mixed-precision AdamW)"
+
+
+def _walked_assumption(shape, lay: cost.Layout, rows: int, seq: int, policy, walk, activations, in_flight) -> str:
+    autocast = lay.dtype in ("bf16", "fp16")
+    return (
+        "memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
+        f"split over {lay.grad_ranks} data-parallel ranks as {lay.sharding} splits them; activations walked op by op: "
+        "the counted model (2 layers at 2 and 3 rows, scaled) run forward, loss (logits → fp32 → cross_entropy) and "
+        "backward on fake tensors at the real sizes under scalekit's memory timeline, "
+        + ("without checkpointing" if policy is None else f"checkpointing {policy!r} applied as torch applies it")
+        + (", bf16 weights (FSDP's param_dtype)" if autocast and lay.sharding == "fsdp"
+           else ", bf16 autocast (CPU policy)" if autocast else "")
+        + f"; a block keeps {walk.held_per_block / GIB:.2f} GiB to its backward (on average), scaled to "
+        f"{shape.n_layer // lay.pp} layers (Korthikanti et al. 2022 count 34·s·b·h bytes per GPT layer without "
+        f"checkpointing: {34 * seq * rows * shape.d / (lay.tp * lay.cp) / GIB:.2f} GiB; their sum is no longer the peak)"
+        + (f", {in_flight} micro-batches in flight on the first stage" if in_flight > 1 else "")
+        + (f"; the blocks' bytes ÷ tensor_parallel {lay.tp} (the embeddings, head and loss whole on every rank, as "
+           "scalekit's tensor_parallel leaves them)" if lay.tp > 1 else "")
+        + (f"; every byte ÷ context_parallel {lay.cp} (each rank holds 1/{lay.cp} of every sequence)" if lay.cp > 1
+           else "")
+        + f"; the peak is the walk's most bytes alive at once ({walk.where}: {activations / GIB:.1f} GiB of "
+        f"activations and temporaries, {100 * walk.grads_fraction:.0f}% of the gradients), not a sum; it is the "
+        "allocated peak: a caching allocator reserves more (fragmentation), and torchtitan's 'Memory' is the reserved "
+        "peak")
+
+
+def _walk_policy(checkpointing):
+    """The walk's spelling of the layout's checkpointing: None, every k-th block, or a named policy."""
+    if checkpointing is None or checkpointing is False:
+        return None
+    if checkpointing is True:
+        return 1
+    if isinstance(checkpointing, int) or (str(checkpointing).isdecimal() and str(checkpointing).isascii()):
+        if int(checkpointing) < 1:
+            raise ConfigError(f"checkpointing every {checkpointing} blocks: give a count of 1 or more")
+        return int(checkpointing)
+    if checkpointing in ("selective", "selective-torchtitan", "sequential"):
+        return checkpointing
+    raise ConfigError(f"checkpointing {checkpointing!r} is not one the memory walk knows: True or k (every k-th "
+                      "block), 'sequential', 'selective' (scalekit's) or 'selective-torchtitan' (torchtitan's op policy)")
 
 
 def _ops(model, toggles, shape) -> int:

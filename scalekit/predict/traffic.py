@@ -327,6 +327,13 @@ def _llama_builder(shape, n_layer: int, fused: bool, dtype, seq: int):
     return functools.partial(_in_dtype, lambda: LlamaLayout(shape, n_layer, fused), dtype)
 
 
+def counted_builder(shape, n_layer: int, fused: bool, dtype, seq: int):
+    """A function that builds the counted model of `shape` with `n_layer` layers, its weights in `dtype` (the code
+    model_traffic runs: the built-in GPT for the GPT-2 layout, llama_layout.py for the Llama layout)."""
+    builder = _gpt_builder if shape.mlp_matrices == 2 else _llama_builder
+    return builder(shape, n_layer, fused, dtype, seq)
+
+
 @functools.lru_cache(maxsize=64)
 def model_traffic(shape, seq: int, fused_attention: bool, autocast: bool, param_bytes: int = 4,
                   device: str = "cpu") -> ModelTraffic:

@@ -127,3 +127,18 @@ def test_on_a_gpu_the_allocator_history_agrees_with_the_recorder():
     assert before + timeline.allocator_peak_bytes == torch.cuda.max_memory_allocated()
     # the allocator rounds every block up to 512 bytes: the recorder's storages are at most that much smaller each
     assert timeline.peak_bytes <= before + timeline.allocator_peak_bytes <= 1.10 * timeline.peak_bytes + 2**20
+
+
+def test_bytes_kept_and_made_in_count_what_a_stretch_of_ops_left_alive():
+    x, y = torch.ones(256), torch.ones(256)  # 1 KiB each
+    recorder = TimelineRecorder(torch.nn.Linear(1, 1))
+    with recorder:
+        kept = x + y
+        dropped = x - y
+        made = len(recorder.ops)  # the two ops above
+        del dropped
+        later = kept * y
+    assert made == 2 and recorder.bytes_kept(0, made, at=1) == 2048  # both alive after the second op
+    assert recorder.bytes_kept(0, made, at=2) == 1024  # the second's freed by then
+    assert recorder.bytes_kept(2, 3, at=2) == later.untyped_storage().nbytes() == 1024
+    assert recorder.made_in([(0, made)]) == [1024, 2048, 1024]  # the two ops' bytes after each op

@@ -141,7 +141,9 @@ LAYERS = (
     ("runs", ("scalekit.training", "scalekit.comparison", "scalekit.autotune", "scalekit.course",
               "scalekit.machine.doctor")),
     ("launch", ("scalekit.launch",)),
-    ("predict", ("scalekit.predict",)),  # beyond the ranks in hand (its calibrate() starts gloo ranks)
+    # beyond the ranks in hand (its calibrate() starts gloo ranks); saved_activations walks a step on fake tensors with
+    # the toggles' checkpointing and the memory timeline, both below it
+    ("predict", ("scalekit.predict", "scalekit.predict.saved_activations")),
     ("interfaces", ("scalekit.cli", "scalekit.widgets")),
 )
 ROOT = "scalekit"  # the façade: it may import anything
