@@ -52,10 +52,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args, stop=None) -> int:
     from .step import predict
 
-    toggles = {}
-    for t in args.toggle:
-        name, _, value = t.partition("=")
-        toggles[name] = (int(value) if value.isdigit() else value) if value else True
+    toggles = dict(_toggle_arg(t) for t in args.toggle)
     try:
         p = predict(args.model, args.gpus, toggles=toggles, batch_size=args.batch_size, seq_len=args.seq_len,
                     per_node=args.per_node)
@@ -70,7 +67,8 @@ def run(args, stop=None) -> int:
 def _toggle_arg(text: str) -> tuple[str, object]:
     """'NAME=VALUE' as (name, value): a whole number as an int, no value as True (the --toggle of the other commands)."""
     name, _, value = text.partition("=")
-    return name, (int(value) if value.isdigit() else value) if value else True
+    # ASCII digits only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as 3
+    return name, (int(value) if value.isascii() and value.isdigit() else value) if value else True
 
 
 def add_plan_parser(sub) -> argparse.ArgumentParser:

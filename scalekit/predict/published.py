@@ -39,9 +39,9 @@ LADDER = (("bf16", "+ bf16", {"bf16": True}), ("+ compile", "+ compile", {"bf16"
 MISSING = {
     "torchtitan tokens/s": "the part's peak, known only as between the NVL's and the SXM's (both ends predicted); "
                            "FlashAttention-2's 35% of peak and the matmul factor are the 700 W SXM's",
-    "torchtitan GiB": "the peak taken as the sum of the parts, and Korthikanti's GPT inventory (4h MLP, dropout masks) "
-                      "used for Llama's SwiGLU and GQA layers, where torchtitan's op policy keeps only half the matmul "
-                      "outputs; torchtitan's loss head; and its figure is the allocator's reserved peak",
+    "torchtitan GiB": "torchtitan's figure is max_reserved, the caching allocator's reserve over the allocated peak "
+                      "the walk predicts (segments kept around the loss's three fp32 logits-sized tensors), plus any "
+                      "CUDA-only allocation a CPU walk does not see; no published max_active splits the two",
     "GPT-2": "eager mode's host dispatch and kernel launches, taken as hidden on a GPU (op_overhead_s = 0); "
              "fused AdamW and the padded vocabulary have no term",
     "decode": "int8 weight-only matmuls at batch 1 dequantise inside the kernel and stream below a copy's bandwidth; "

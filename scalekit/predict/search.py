@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from .explain import explain
 from .parts import gpus as parse_gpus
 from .shapes import shape_of
-from .step import GIB, Prediction, _toggles, check_sizes, predict
+from .step import GIB, Prediction, _toggles, _whole, check_sizes, predict
 
 SHARDINGS = ("ddp", "fsdp", "zero1", "zero2")
 SCHEDULES = ("gpipe", "1f1b")
@@ -239,10 +239,10 @@ def _fixed(toggles: dict) -> dict:
         if stages:
             fixed["pp"] = stages
     if "context_parallel" in toggles:
-        fixed["cp"] = int(toggles["context_parallel"]) if toggles["context_parallel"] is not True else 2
+        fixed["cp"] = _whole(toggles, "context_parallel", 2, "ranks each sequence is split over")
     if "checkpointing" in toggles:
         c = toggles["checkpointing"]
-        fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isdigit() else c)
+        fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isascii() and str(c).isdigit() else c)
     return fixed
 
 
@@ -266,12 +266,30 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
     shape = shape_of(model)
     base = _toggles(toggles)
     fixed = _fixed(base)
+    # searched like the other dimensions: a value given is checked, and the notes say it was not kept
+    accum = _whole(base, "grad_accum", 2, "micro-batches per step") if "grad_accum" in base else None
     base = {k: v for k, v in base.items() if k not in SEARCHED}
     budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
     preset = _preset(model, shape)
     batch = batch_size if batch_size is not None else (preset.batch_size if preset else cluster.count)
     refused: list[tuple[object, str]] = []
     plans = _plans(cluster, shape, batch, fixed, refused)
+    ranked = _ranked(_predicted(plans, model, cluster, base, batch, seq_len, efficiency, budget, refused))
+    why = explain(ranked, budget)
+    if not ranked:
+        why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {len(plans)} plans predicted, the leanest "
+                   + (_leanest(refused) or "could not be predicted (see refused)"))
+    search = PlanSearch(shape.name if not isinstance(model, str) else model, cluster.describe(), batch,
+                        ranked[0].prediction.seq_len if ranked else (seq_len or 0), budget, ranked, refused, why,
+                        _notes(model, batch_size, batch, preset, fixed, accum), len(plans))
+    if run_top:
+        _run_top(search, model, cluster, base, run_top, run_steps)
+    search.seconds = time.perf_counter() - start
+    return search
+
+
+def _predicted(plans, model, cluster, base, batch, seq_len, efficiency, budget, refused) -> list:
+    """(plan, prediction) of each plan that fits `budget`; the others go to `refused` with the reason."""
     fits = []
     for plan in plans:
         try:
@@ -284,18 +302,7 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
             refused.append((plan, _Unfit(_unfit(pred, budget), pred)))
         else:
             fits.append((plan, pred))
-    ranked = _ranked(fits)
-    why = explain(ranked, budget)
-    if not ranked:
-        why.append(f"no plan fits {budget / GIB:.1f} GiB per GPU: of {len(plans)} plans predicted, the leanest "
-                   + (_leanest(refused) or "could not be predicted (see refused)"))
-    search = PlanSearch(shape.name if not isinstance(model, str) else model, cluster.describe(), batch,
-                        ranked[0].prediction.seq_len if ranked else (seq_len or 0), budget, ranked, refused, why,
-                        _notes(model, batch_size, batch, preset, fixed), len(plans))
-    if run_top:
-        _run_top(search, model, cluster, base, run_top, run_steps)
-    search.seconds = time.perf_counter() - start
-    return search
+    return fits
 
 
 def _ranked(fits) -> list[Ranked]:
@@ -304,7 +311,7 @@ def _ranked(fits) -> list[Ranked]:
     return [Ranked(plan, pred) for plan, pred in fits]
 
 
-def _notes(model, batch_size, batch, preset, fixed) -> list[str]:
+def _notes(model, batch_size, batch, preset, fixed, accum=None) -> list[str]:
     notes = ["context parallel degrees 1, 2, 4 and 8 (within a node) are searched as ring attention (K/V blocks passed "
              "around the ring, hidden behind the attention's compute where they fit); tensor_parallel's "
              "sequence_parallel option is priced as plain tensor parallel; expert parallelism is not searched (no "
@@ -314,6 +321,9 @@ def _notes(model, batch_size, batch, preset, fixed) -> list[str]:
                      + (f", the preset {model}'s" if preset else ", one per GPU"))
     if fixed:
         notes.append("fixed by the toggles given: " + ", ".join(f"{k} {v}" for k, v in fixed.items()))
+    if accum is not None:
+        notes.append(f"grad_accum {accum} given, not kept: the micro-batches per data-parallel rank are searched "
+                     f"(each plan's 'accum' or pipeline micro-batches)")
     return notes
 
 

@@ -109,6 +109,19 @@ def _checked(toggles: dict) -> dict:
     return toggles
 
 
+def _whole(toggles: dict, name: str, when_true: int, what: str) -> int:
+    """A degree given as a toggle's value: a whole number of at least 1 (an int, or ASCII digits from the command
+    line), True for `when_true`, 1 when absent; anything else refused naming the toggle."""
+    value = toggles.get(name, 1)
+    if value is True:
+        return when_true
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"toggles[{name!r}] must be True or a whole number of at least 1 ({what}); got {value!r}")
+    return value
+
+
 def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     """The layout the toggles ask for on `world` GPUs, refused in a sentence with the numbers when the degrees do
     not divide the heads, the layers or the GPUs."""
@@ -116,7 +129,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     from ..toggles.tensor_parallel import parse as parse_tp
 
     tp = parse_tp(toggles["tensor_parallel"])[0] if "tensor_parallel" in toggles else 1
-    pp, schedule, micro = 1, None, int(toggles.get("grad_accum", 1) if toggles.get("grad_accum") is not True else 2)
+    pp, schedule, micro = 1, None, _whole(toggles, "grad_accum", 2, "micro-batches per step")
     if "pipeline_parallel" in toggles:
         value = toggles["pipeline_parallel"]
         schedule, micro, stages = parse_pp("1f1b" if value is True else value)
@@ -126,7 +139,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
                           f"({shape.n_kv_head} key/value heads): each rank takes whole heads")
     if pp > 1 and shape.n_layer % pp:
         raise ConfigError(f"pipeline_parallel {pp} stages do not divide the model's {shape.n_layer} layers")
-    cp = int(toggles.get("context_parallel", 1)) if toggles.get("context_parallel") is not True else 2
+    cp = _whole(toggles, "context_parallel", 2, "ranks each sequence is split over")
     if cp < 1:
         raise ConfigError(f"context_parallel must be a degree of 1 or more; got {cp}")
     if world % (tp * pp * cp):

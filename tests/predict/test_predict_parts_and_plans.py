@@ -89,6 +89,11 @@ def test_a_toggle_predict_does_not_know_or_a_value_its_toggle_refuses_is_refused
         predict("gpt2-124m", "8xH100-SXM", toggles={"zero": "zero9"})
     with pytest.raises(ConfigError, match="unknown toggle 'fdsp'; the known ones are .*fsdp"):
         plan_for("gpt2-124m", "8xH100-SXM", toggles=["fdsp"])
+    for name in ("grad_accum", "context_parallel"):  # '²' once reached int() and raised ValueError at the user
+        for value in ("²", 0, -1, 1.5):
+            with pytest.raises(ConfigError, match=rf"toggles\['{name}'\] must be True or a whole number of at least 1"):
+                predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, name: value})
+    assert "grad_accum 2 given, not kept" in " ".join(plan_for("gpt2-124m", "8xH100-SXM", toggles=["grad_accum=2"]).notes)
     assert predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, "checkpointing": "selective-torchtitan",
                                                        "context_parallel": 2}).layout.cp == 2
 
