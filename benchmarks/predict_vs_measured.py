@@ -44,8 +44,22 @@ def missing_term(pred, measured_ms: float) -> str:
         return ""
     gap = measured_ms - pred.step_s * 1e3
     if ratio > 1:
+        exposed = [c for c in pred.collectives if c.exposed_s * 1e3 >= -gap / 2]
+        if exposed:  # the collectives' exposed time explains the gap: their latency term, α × steps × calls
+            c = max(exposed, key=lambda c: c.exposed_s)
+            from scalekit.predict import part
+
+            alpha = part("this-cpu").efficiency.latency_s
+            return (f"over by {-gap:.0f} ms: {c.calls} {c.op} calls ({c.name}) priced at {c.exposed_s * 1e3:.0f} ms "
+                    f"exposed, mostly calibrate()'s latency α of {alpha * 1e6:.0f} µs per ring step, read once from "
+                    f"the smallest all-reduce on 2 ranks sharing 2 cores; the run's calls met less of it")
         return f"over by {-gap:.0f} ms: matmul efficiency at these shapes above the square-matmul curve's"
-    if pred.collectives:
+    lay = pred.layout
+    if lay.tp > 1 or lay.sharding in ("fsdp", "zero2"):  # the modes built on DTensor (DDP, ZeRO-1, pipelines: not)
+        term = ("DTensor's dispatch: FSDP2's sharded parameters and tensor parallelism's sharded blocks run their "
+                "operators through DTensor, whose per-operator cost (sharding propagation) is several times the "
+                "plain-tensor overhead calibrate() measures; and two ranks share the machine's 2 cores")
+    elif pred.collectives:
         term = ("rank contention: two ranks on the machine's 2 cores, shared with other processes, each get less "
                 "than the one core calibrate() measured; and gloo's collectives run on threads of those same cores")
     else:  # torch.profiler on small (CPU): matmuls ≈65% of the step; GELU, softmax, masked_fill, copies most of the rest

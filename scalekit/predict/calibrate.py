@@ -15,7 +15,9 @@ built from them: "this-cpu" (the default), or "this-gpu" with `device="cuda"`.
   scalekit.launch (gloo on the CPU, NCCL with one rank per GPU, only where there are 2 GPUs or more), reported as
   nccl-tests does ("bus bandwidth": the ring's (n−1)/n factors applied), and the latency α from the smallest
   message.  They are measured first: a forked rank needs a parent that has not touched CUDA yet.
-Each figure is the median of `repeats` timings, on a GPU with torch.cuda.synchronize() before each clock reading.
+Each figure is the median of `repeats` timings (the smallest message's collectives: the fastest, since their
+latency is a floor that a rank descheduled on a shared machine only adds to), on a GPU with torch.cuda.synchronize()
+before each clock reading.
 The default run takes a few seconds; sizes are arguments.
 """
 
@@ -53,7 +55,8 @@ BATCH_FILL = 4096  # on a GPU, a size-n matmul is timed as (BATCH_FILL / n)³ of
 MAX_ELEMENTS = 2**28  # of BATCH_FILL), at most MAX_ELEMENTS elements per operand (1 GiB in fp32)
 
 
-def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_counter, sync=None) -> float:
+def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_counter, sync=None,
+                 stat=statistics.median) -> float:
     """Seconds per call of `fn`: the median over `repeats` timings, each of as many calls as fill `window_s`, read
     on `clock` (wall time; time.thread_time counts only this thread's CPU time, what other processes take left out).
     `sync` (torch.cuda.synchronize on a GPU) runs before every clock reading: the device's queued work is done."""
@@ -72,7 +75,7 @@ def _median_time(fn, repeats: int, window_s: float = WINDOW_S, clock=time.perf_c
             fn()
         sync()
         times.append((clock() - t0) / calls)
-    return statistics.median(times)
+    return stat(times)
 
 
 def _sync_for(device):
@@ -181,8 +184,11 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
                    "reduce_scatter": lambda full=full, shard=shard: dist.reduce_scatter_tensor(shard, full)}
             for op, fn in ops.items():
                 dist.barrier()
-                # every rank must make the same calls: one per timing
-                t = _median_time(fn, repeats, window_s=0.0, sync=_sync_for(device))
+                # every rank must make the same calls: one per timing.  The smallest message is the latency α, a
+                # floor that a rank descheduled on a shared machine only adds to: its fastest timing (the median
+                # of single calls came out bimodal on 2 cores, 0.2 or 2 ms)
+                t = _median_time(fn, repeats, window_s=0.0, sync=_sync_for(device),
+                                 stat=min if size == min(sizes) else statistics.median)
                 rows.append((op, elements * 4, t))
     finally:
         dist.destroy_process_group()
