@@ -56,9 +56,10 @@ def missing_term(pred, measured_ms: float) -> str:
         return f"over by {-gap:.0f} ms: matmul efficiency at these shapes above the square-matmul curve's"
     lay = pred.layout
     if lay.tp > 1 or lay.sharding in ("fsdp", "zero2"):  # the modes built on DTensor (DDP, ZeRO-1, pipelines: not)
-        term = ("DTensor's dispatch: FSDP2's sharded parameters and tensor parallelism's sharded blocks run their "
-                "operators through DTensor, whose per-operator cost (sharding propagation) is several times the "
-                "plain-tensor overhead calibrate() measures; and two ranks share the machine's 2 cores")
+        term = ("host work the model does not count: DTensor's per-operator dispatch (sharding propagation, several "
+                "times a plain tensor's) in tensor parallelism's sharded blocks and in the optimizer's step on FSDP2's "
+                "sharded parameters, and FSDP2's per-unit hooks (copy-in, copy-out, bookkeeping) around each "
+                "collective; two ranks share the machine's 2 cores")
     elif pred.collectives:
         term = ("rank contention: two ranks on the machine's 2 cores, shared with other processes, each get less "
                 "than the one core calibrate() measured; and gloo's collectives run on threads of those same cores")
