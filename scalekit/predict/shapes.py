@@ -135,8 +135,9 @@ def hf_config(name: str):
 
 
 def shape_of(model) -> ModelShape:
-    """The ModelShape of a public name, a built-in preset name, a GPTConfig, a RunConfig of the built-in GPT or a
-    transformers config; a ConfigError names what it takes otherwise."""
+    """The ModelShape of a public name, a built-in preset name, a GPTConfig, a RunConfig of the built-in GPT, a
+    transformers config, or a built model that carries one (a transformers model, scalekit's GPT); a ConfigError
+    names what it takes otherwise."""
     if isinstance(model, ModelShape):
         return model
     if isinstance(model, str):
@@ -159,8 +160,15 @@ def shape_of(model) -> ModelShape:
         return _from_gpt(PRESETS[model.preset].gpt_config(model.seq_len), model.preset)
     if hasattr(model, "model_type"):
         return _from_hf(model)
-    raise ConfigError(f"predict: cannot read a shape from {type(model).__name__}: give a public name "
-                      f"({', '.join(PUBLIC)}), a preset, a GPTConfig, a RunConfig or a transformers config")
+    config = getattr(model, "config", None)  # a built model: scalekit's GPT, or a transformers model (its config)
+    if isinstance(config, GPTConfig):
+        return _from_gpt(config, "gpt")
+    if hasattr(config, "model_type"):
+        return _from_hf(config)
+    raise ConfigError(f"predict: cannot read a shape from {type(model).__name__} (a module with no transformers or "
+                      f"GPT config: its layers, widths and heads are not known): give a public name "
+                      f"({', '.join(PUBLIC)}), a preset, a GPTConfig, a RunConfig, a transformers config or model, or "
+                      f"scalekit's GPT")
 
 
 def _from_gpt(cfg, name: str) -> ModelShape:

@@ -164,7 +164,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     pipeline bubble, tokens/s per GPU and MFU, and the assumptions they rest on.
 
     `model`: a public shape ('llama3-8b', 'gpt2-124m', ...), a built-in preset, a GPTConfig, a RunConfig of the
-    built-in GPT, or a transformers config.  `toggles` as RunConfig takes them (a list or a dict): fsdp, ddp,
+    built-in GPT, a transformers config, or a built model carrying one (a transformers model, scalekit's GPT).  `toggles` as RunConfig takes them (a list or a dict): fsdp, ddp,
     zero ('zero1'/'zero2'), tensor_parallel (degree), pipeline_parallel ('1f1b/8'), bf16, checkpointing, sdpa.
     `batch_size` is the global batch (rows), split over the data-parallel ranks.  `strict`: raise a ConfigError
     when the plan does not fit."""

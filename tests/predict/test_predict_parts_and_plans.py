@@ -62,6 +62,24 @@ def test_public_shapes_have_their_published_parameter_counts():
         shape_of("gpt5")
 
 
+def test_a_built_model_is_predicted_as_its_config_and_a_plain_module_is_refused_saying_why():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from scalekit.models import GPT, PRESETS
+
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=512)
+    with torch.device("meta"):  # built as a user builds it (no weights needed here)
+        built = transformers.LlamaForCausalLM(config)
+    gpt = GPT(PRESETS["tiny"].gpt_config(64))
+    for model, its_config in ((built, config), (gpt, gpt.config)):
+        a, b = (predict(m, "2xH100-SXM", toggles=["ddp"], batch_size=4, seq_len=64) for m in (model, its_config))
+        assert (a.step_s, a.memory) == (b.step_s, b.memory)
+    with pytest.raises(ConfigError, match="cannot read a shape from Linear .*layers, widths and heads are not known"):
+        predict(torch.nn.Linear(2, 2))
+
+
 def test_the_ring_costs_and_the_bubble_follow_their_formulas():
     # all-reduce 2(n−1)/n·S/B + 2(n−1)α ; all-gather (n−1)/n·S/B + (n−1)α
     assert ring_time("all_reduce", 8e9, 1, 8, 1e9, 0.0) == pytest.approx(14.0)
