@@ -31,6 +31,12 @@ STDOUT = "-"  # the name that means standard output
 FIFO_READER_WAIT_S = 3.0  # how long a FIFO is given to find a reader before the results go elsewhere
 
 
+def expand_user(path: str | os.PathLike) -> Path:
+    """`path` with a leading ~ or ~user expanded as the shell would; a ~name that names no user stays as written
+    (pathlib's expanduser raises RuntimeError there, which reached a user giving --model '~0')."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -43,7 +49,7 @@ def _is_stdout(path) -> bool:
 
 def _real(path: str | os.PathLike) -> Path:
     """The path with every symlink followed (also a dangling one: its target is where the file goes)."""
-    return Path(os.path.realpath(Path(os.fspath(path)).expanduser()))
+    return Path(os.path.realpath(expand_user(path)))
 
 
 def _stat(real: Path, given: str, what: str) -> os.stat_result | None:
@@ -67,7 +73,7 @@ def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
     if _is_stdout(path):
         return Path(STDOUT)
     try:
-        given = str(Path(os.fspath(path)).expanduser())
+        given = str(expand_user(path))
     except RuntimeError:  # "~name" of a user this machine does not have
         raise ConfigError(f"{what} {os.fspath(path)!r} starts with ~ but names no user's home folder here") from None
     if "\0" in given:  # no file system takes one; os.stat would raise ValueError

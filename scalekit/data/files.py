@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import expand_user
 from ..optional import quiet_import
 from .loaders import DATA_SOURCES
 
@@ -33,7 +34,7 @@ def is_data_path(data: object) -> bool:
 def path_exists(path: str | os.PathLike) -> bool:
     """Whether `path` names a file or folder (False also for a name no file system takes: empty, a NUL)."""
     try:
-        return bool(os.fspath(path).strip()) and Path(path).expanduser().exists()
+        return bool(os.fspath(path).strip()) and expand_user(path).exists()
     except (OSError, ValueError, RuntimeError):  # a NUL, a name too long, ~user of no user here
         return False
 
@@ -41,7 +42,7 @@ def path_exists(path: str | os.PathLike) -> bool:
 def data_format(path: str | os.PathLike) -> str:
     """The format of `path` ('jsonl', 'json', 'parquet', 'txt', 'save_to_disk' or 'txt_folder'), or a
     ConfigError naming the file and the formats allowed."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if p.is_dir():
         if any((p / name).is_file() for name in SAVED_MARKERS):
             return "save_to_disk"
@@ -65,7 +66,7 @@ def _files_of(path: Path) -> list[Path]:
 
 def content_hash(path: str | os.PathLike) -> str:
     """sha256 of the file's bytes; of a folder: of each of its files' relative name and bytes, in name order."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     digest = hashlib.sha256()
     for f in _files_of(p):
         digest.update(str(f.relative_to(p) if p.is_dir() else f.name).encode("utf-8") + b"\0")
@@ -88,7 +89,7 @@ def datasets_library():
 
 def read_rows(path: str | os.PathLike):
     """The file as a datasets.Dataset, one row per document (in memory)."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     fmt = data_format(p)
     datasets = datasets_library()
     try:

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError, TokenCacheUnavailable, is_no_space, why_not_written
-from ..files import write_atomic, write_text_atomic
+from ..files import expand_user, write_atomic, write_text_atomic
 from .files import content_hash, datasets_library, read_rows
 from .shakespeare import VAL_FRACTION, CharTokenizer, cache_dir
 
@@ -156,7 +156,7 @@ def _content_key(path: Path) -> str:
 
 def tokenize_file(path: str | os.PathLike, tokenizer, field: str = "text") -> TokenizedFile:
     """The file's `field` tokenized with `tokenizer`, from the cache when its key matches, else built and cached."""
-    p = Path(path).expanduser()
+    p = expand_user(path)
     key_fields = {"format": CACHE_FORMAT, "content": _content_key(p), "tokenizer": tokenizer_hash(tokenizer),
                   "field": field}
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode("utf-8")).hexdigest()[:32]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..files import expand_user
 from ..optional import quiet_import
 from .model import HFCausalLM, _transformers
 
@@ -40,7 +41,7 @@ def looks_like_path(source: object) -> bool:
 
 def checkpoint_problem(path: str | os.PathLike) -> str:
     """Why `path` is not a checkpoint folder scalekit can load (naming the file), or ''."""
-    folder = Path(path).expanduser()
+    folder = expand_user(path)
     if not folder.is_dir():
         return f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder"
     config = folder / "config.json"
@@ -62,11 +63,11 @@ def check_checkpoint(path: str | os.PathLike, field: str) -> Path:
     """The folder, or a ConfigError naming `field` and what is wrong with it."""
     if problem := checkpoint_problem(path):
         raise ConfigError(f"{field}: {problem}")
-    return Path(path).expanduser()
+    return expand_user(path)
 
 
 def tokenizer_problem(path: str | os.PathLike) -> str:
-    folder = Path(path).expanduser()
+    folder = expand_user(path)
     if any((folder / name).is_file() for name in TOKENIZER_FILES):
         return ""
     return f"{folder}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})"
@@ -77,7 +78,7 @@ def load_tokenizer(path: str | os.PathLike, field: str = "model"):
     if problem := tokenizer_problem(path):
         raise ConfigError(f"{field}: {problem}")
     transformers = _offline_transformers()
-    return transformers.AutoTokenizer.from_pretrained(str(Path(path).expanduser()), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(str(expand_user(path)), local_files_only=True)
 
 
 def _offline_transformers():
@@ -108,7 +109,7 @@ class HFCheckpoint(HFCausalLM):
 
     def __init__(self, folder: str | os.PathLike, field: str = "model", config: Any = None,
                  quantization: dict | None = None, device: str | None = None):
-        self.folder = Path(folder).expanduser()
+        self.folder = expand_user(folder)
         if config is None:
             config = _read_config(self.folder, field)
         super().__init__(config)

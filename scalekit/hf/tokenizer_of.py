@@ -18,6 +18,7 @@ from typing import Any
 from ..data import CharTokenizer, corpus_text
 from ..data.tokenized import TokenizedFile, tokenize_file
 from ..errors import ConfigError
+from ..files import expand_user
 from ..models.family import ModelAdapter
 from .checkpoint_folder import load_tokenizer, tokenizer_problem
 from .model import HFCausalLM, is_hf_model
@@ -26,15 +27,15 @@ from .model import HFCausalLM, is_hf_model
 def tokenizer_folder(model: Any) -> Path | None:
     """The checkpoint folder whose tokenizer `model`'s text goes through, or None (none is known)."""
     if isinstance(model, str | os.PathLike):
-        folder = Path(model).expanduser()
+        folder = expand_user(model)
         return folder if folder.is_dir() else None
     folder = getattr(model, "folder", None) if isinstance(model, ModelAdapter) else None
     if folder is None:
         config = model.config if is_hf_model(model) else \
             model.hf_config if isinstance(model, HFCausalLM) else None
         folder = getattr(config, "name_or_path", None) or None
-    if folder and Path(folder).expanduser().is_dir() and not tokenizer_problem(folder):
-        return Path(folder).expanduser()
+    if folder and expand_user(folder).is_dir() and not tokenizer_problem(folder):
+        return expand_user(folder)
     return None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..files import check_writable, write_atomic
+from ..files import check_writable, expand_user, write_atomic
 from ..optional import quiet_import
 
 FORMAT = "scalekit-adapters/1"
@@ -96,7 +96,7 @@ def save_merged(model, folder: str | os.PathLike, tokenizer_from: str | os.PathL
     """The adapters of a Transformers `model` merged into its base, saved as a plain checkpoint in `folder` (a
     quantized base dequantized: the folder holds the merged model's weights in full precision); the tokenizer's
     files copied from the checkpoint folder `tokenizer_from`.  Written beside `folder` and renamed into place."""
-    target = Path(folder).expanduser()
+    target = expand_user(folder)
     if target.exists():
         raise ConfigError(f"save_merged: {target} exists; give a new folder")
     merged = merge(model)

@@ -11,6 +11,7 @@ import os
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -415,3 +416,14 @@ def monkeypatch_session_run():
 
 def test_nan_is_not_finite():  # the divergence check's own premise, on this platform
     assert not math.isfinite(float("nan")) and not math.isfinite(float("inf"))
+
+
+def test_a_tilde_that_names_no_user_stays_as_written_and_is_refused_in_words(capsys):
+    # pathlib's expanduser raised RuntimeError at a user giving --model '~0' (the flag fuzz found it)
+    from scalekit.files import expand_user
+
+    assert expand_user("~/a") == Path.home() / "a"
+    assert expand_user("~0nosuchuser/x") == Path("~0nosuchuser/x")
+    assert main(["generate", "--model", "~0nosuchuser"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--model" in err and "no such folder" in err, err
