@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from .explain import explain
+from .inputs import check_sizes, toggles_of, whole_degree
 from .parts import gpus as parse_gpus
 from .shapes import shape_of
-from .step import GIB, Prediction, _toggles, _whole, check_sizes, predict
+from .step import GIB, Prediction, predict
 
 SHARDINGS = ("ddp", "fsdp", "zero1", "zero2")
 SCHEDULES = ("gpipe", "1f1b")
@@ -239,7 +240,7 @@ def _fixed(toggles: dict) -> dict:
         if stages:
             fixed["pp"] = stages
     if "context_parallel" in toggles:
-        fixed["cp"] = _whole(toggles, "context_parallel", 2, "ranks each sequence is split over")
+        fixed["cp"] = whole_degree(toggles, "context_parallel", 2, "ranks each sequence is split over")
     if "checkpointing" in toggles:
         c = toggles["checkpointing"]
         fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isascii() and str(c).isdigit() else c)
@@ -264,10 +265,10 @@ def plan_for(model, gpus="8xH100-SXM", budget_bytes_per_gpu: float | None = None
         this_cpu()  # measured on first use, as predict does
     cluster = parse_gpus(gpus, per_node)
     shape = shape_of(model)
-    base = _toggles(toggles)
+    base = toggles_of(toggles)
     fixed = _fixed(base)
     # searched like the other dimensions: a value given is checked, and the notes say it was not kept
-    accum = _whole(base, "grad_accum", 2, "micro-batches per step") if "grad_accum" in base else None
+    accum = whole_degree(base, "grad_accum", 2, "micro-batches per step") if "grad_accum" in base else None
     base = {k: v for k, v in base.items() if k not in SEARCHED}
     budget = float(budget_bytes_per_gpu) if budget_bytes_per_gpu is not None else cluster.part.memory_bytes
     preset = _preset(model, shape)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from . import cost
 from .collectives import Collective
+from .inputs import check_sizes, first_given, toggles_of, whole_degree
+from .memory import GIB, memory_per_gpu
 from .parts import GPUS_PER_NODE
 from .parts import gpus as parse_gpus
 from .shapes import ModelShape, shape_of
 
-GIB = 2**30
 # scalekit's selective checkpointing keeps every matmul's output; torchtitan's "op" policy recomputes every second one
 SELECTIVE = ("selective", "selective-torchtitan")
 
@@ -73,55 +74,6 @@ class Prediction:
         return "\n".join(lines)
 
 
-def _toggles(toggles) -> dict:
-    if toggles is None:
-        return {}
-    if isinstance(toggles, str):
-        toggles = [toggles]
-    if isinstance(toggles, dict):
-        return _checked(dict(toggles))
-    out = {}
-    for t in toggles:
-        name, _, value = str(t).partition("=")
-        out[name] = value or True
-    return _checked(out)
-
-
-# values predict takes beyond the toggles' own: torchtitan's op policy, and context parallelism's degree
-PREDICT_ONLY = {"checkpointing": ("selective-torchtitan",), "context_parallel": None}
-
-
-def _checked(toggles: dict) -> dict:
-    """Each toggle known, each value one its toggle takes (as a run would refuse it), in a sentence naming both."""
-    from ..toggles import TOGGLES
-
-    for name, value in toggles.items():
-        if name in PREDICT_ONLY and (PREDICT_ONLY[name] is None or value in PREDICT_ONLY[name]):
-            continue
-        if name not in TOGGLES:
-            raise ConfigError(f"toggles: unknown toggle {name!r}; the known ones are {', '.join(sorted(TOGGLES))} and "
-                              f"context_parallel")
-        if name not in ("tensor_parallel", "pipeline_parallel", "grad_accum"):  # degrees: layout_of checks them
-            try:
-                TOGGLES[name].validate(value, "predict")
-            except ConfigError as exc:  # "toggles['zero'] must be ...", which the command line says as --toggle
-                raise ConfigError(str(exc).replace("predict.toggles[", "toggles[")) from None
-    return toggles
-
-
-def _whole(toggles: dict, name: str, when_true: int, what: str) -> int:
-    """A degree given as a toggle's value: a whole number of at least 1 (an int, or ASCII digits from the command
-    line), True for `when_true`, 1 when absent; anything else refused naming the toggle."""
-    value = toggles.get(name, 1)
-    if value is True:
-        return when_true
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"toggles[{name!r}] must be True or a whole number of at least 1 ({what}); got {value!r}")
-    return value
-
-
 def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     """The layout the toggles ask for on `world` GPUs, refused in a sentence with the numbers when the degrees do
     not divide the heads, the layers or the GPUs."""
@@ -129,7 +81,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     from ..toggles.tensor_parallel import parse as parse_tp
 
     tp = parse_tp(toggles["tensor_parallel"])[0] if "tensor_parallel" in toggles else 1
-    pp, schedule, micro = 1, None, _whole(toggles, "grad_accum", 2, "micro-batches per step")
+    pp, schedule, micro = 1, None, whole_degree(toggles, "grad_accum", 2, "micro-batches per step")
     if "pipeline_parallel" in toggles:
         value = toggles["pipeline_parallel"]
         schedule, micro, stages = parse_pp("1f1b" if value is True else value)
@@ -139,7 +91,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
                           f"({shape.n_kv_head} key/value heads): each rank takes whole heads")
     if pp > 1 and shape.n_layer % pp:
         raise ConfigError(f"pipeline_parallel {pp} stages do not divide the model's {shape.n_layer} layers")
-    cp = _whole(toggles, "context_parallel", 2, "ranks each sequence is split over")
+    cp = whole_degree(toggles, "context_parallel", 2, "ranks each sequence is split over")
     if cp < 1:
         raise ConfigError(f"context_parallel must be a degree of 1 or more; got {cp}")
     if world % (tp * pp * cp):
@@ -173,15 +125,15 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     if isinstance(gpus, str) and gpus.strip().lower().split("x")[-1].strip() in ("this-cpu", "cpu"):
         this_cpu()  # measured on first use
     cluster = parse_gpus(gpus, per_node)
-    toggles = _toggles(toggles if toggles is not None else getattr(model, "toggles", None))
+    toggles = toggles_of(toggles if toggles is not None else getattr(model, "toggles", None))
     shape = shape_of(model)
     part = cluster.part
     eff = efficiency or part.efficiency or cost.PUBLISHED
     preset = _preset_defaults(model, shape)
     check_sizes(seq_len, batch_size)  # as given: 0 is refused, not taken for 'not given'
-    seq = _given(seq_len, getattr(model, "seq_len", None), preset.block_size if preset else 1024)
+    seq = first_given(seq_len, getattr(model, "seq_len", None), preset.block_size if preset else 1024)
     layout = layout_of(toggles, cluster.count, shape)
-    batch = _given(batch_size, getattr(model, "batch_size", None), preset.batch_size if preset else layout.dp)
+    batch = first_given(batch_size, getattr(model, "batch_size", None), preset.batch_size if preset else layout.dp)
     check_sizes(seq, batch)
     rows_per_micro = _rows(batch, layout)
     if layout.cp > 1 and seq % (2 * layout.cp):
@@ -189,7 +141,7 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
                           f"rank, one from each end, so that causal attention's work is balanced): seq_len {seq} "
                           f"does not divide into {2 * layout.cp}")
     assumptions: list[str] = []
-    memory, method = _memory(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
+    memory, method = memory_per_gpu(model, shape, layout, toggles, batch, seq, rows_per_micro, part, assumptions)
     model_flops = shape.train_flops_per_token(seq) * batch * seq / cluster.count  # this GPU's share of the work
     compute_s, parts, colls, bubble_s, counted = _step_time(model, toggles, shape, layout, cluster, eff,
                                                             rows_per_micro, seq)
@@ -207,26 +159,6 @@ def predict(model, gpus="8xH100-SXM", toggles=None, batch_size: int | None = Non
     if strict and not fits:
         raise ConfigError(pred.verdict())
     return pred
-
-
-# above the longest context any published model trains or serves (about 10M tokens), and far above any global
-# batch in rows; a larger figure is a typo, and the counted model would not build (torch's sizes overflow)
-MAX_SIZE = 2**24
-
-
-def check_sizes(seq, batch) -> None:
-    """seq_len and batch_size as whole numbers from 1 to MAX_SIZE; None (not given) passes."""
-    for field_name, value in (("seq_len", seq), ("batch_size", batch)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
-            raise ConfigError(f"{field_name} must be a whole number from 1 to {MAX_SIZE:,} (tokens per row, rows in "
-                              f"the global batch); got {value!r}")
-
-
-def _given(*values):
-    """The first value that is not None (a 0 given stays 0, to be refused)."""
-    return next(v for v in values if v is not None)
 
 
 def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq):
@@ -357,104 +289,6 @@ def _rows(batch: int, lay: cost.Layout) -> int:
 ACTIVATION_PASSES = 5  # a saved activation: written and read in forward, read in backward, its gradient written and read
 
 
-def _memory(model, shape, lay, toggles, batch, seq, rows, part, assumptions):
-    """(bytes by part, the method) per GPU."""
-    from ..training.config import RunConfig
-
-    preset = model if isinstance(model, str) and shape.source.startswith("scalekit") else getattr(model, "preset", None)
-    if preset is not None and shape.source.startswith("scalekit"):
-        from ..plan import estimate
-
-        planned = {k: v for k, v in toggles.items() if k != "context_parallel"}
-        cfg = RunConfig(preset=preset, toggles=planned, batch_size=batch, seq_len=seq, device="cpu")
-        est = estimate(cfg, device="cpu" if part.name.startswith("this-cpu") else "cuda",
-                       world_size=lay.world if lay.world > 1 else None)
-        mem = dict(params=est.params_bytes, grads=est.grads_bytes, optimizer_state=est.optimizer_state_bytes,
-                   activations=est.activations_bytes, comm_buffers=0, peak=est.peak_bytes)
-        assumptions.append("memory: scalekit.estimate's plan of the built-in GPT (its analytic inventory, per rank; "
-                           "communication buffers are inside its activations figure)"
-                           + (f"; context_parallel {lay.cp} planned as data parallel over the same ranks (each rank "
-                              f"holds as many tokens)" if lay.cp > 1 else ""))
-        return mem, "scalekit.estimate (" + est.method + ")"
-    return _formula_memory(shape, lay, rows, seq, assumptions)
-
-
-def _formula_memory(shape: ModelShape, lay: cost.Layout, rows: int, seq: int, assumptions: list[str]):
-    from .saved_activations import walked_peak
-
-    n = shape.n_params / (lay.tp * lay.pp)
-    shard = lay.grad_ranks
-    params = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
-    grads = 4 * n / (shard if lay.sharding in ("fsdp", "zero2") else 1)
-    state = 8 * n / (shard if lay.sharding in ("fsdp", "zero1", "zero2") else 1)
-    buffers = 0.0
-    if lay.sharding == "fsdp":  # two units gathered (one prefetched) in the compute dtype, one unit's fp32 gradients
-        buffers = 2 * shape.block_params * lay.act_bytes / lay.tp + 4 * shape.block_params / lay.tp
-    elif lay.sharding == "zero2":
-        buffers = n * lay.act_bytes
-    elif lay.sharding in ("ddp", "zero1"):
-        buffers = grads  # DDP's buckets: a flat copy of every gradient
-    autocast = lay.dtype in ("bf16", "fp16")
-    bf16_weights = autocast and lay.sharding == "fsdp"  # FSDP's param_dtype: the gathered weights are bf16 (as _counted)
-    layers = shape.n_layer // lay.pp
-    policy = _walk_policy(lay.checkpointing)
-    # the walk: activations and temporaries op by op, a context-parallel rank's 1/cp of every sequence and a
-    # tensor-parallel rank's 1/tp of the blocks' (the embeddings and the head stay whole), with the gradients alive
-    # at each op (zero_grad(set_to_none=True) before the step)
-    walk = walked_peak(shape, layers, rows, seq, policy, 2 if bf16_weights else 4, autocast, lay.flash_attention,
-                       grads_bytes=grads, divide=(lay.tp * lay.cp, lay.cp))
-    activations = walk.activations
-    in_flight = 1
-    if lay.pp > 1:  # the first stage holds the most micro-batches as its first backward begins
-        in_flight = lay.micro_batches if lay.schedule == "gpipe" else min(lay.pp, lay.micro_batches)
-        activations += (in_flight - 1) * layers * walk.held_per_block
-    peak = params + state + buffers + activations + grads * walk.grads_fraction
-    mem = {k: int(v) for k, v in dict(params=params, grads=grads, optimizer_state=state, activations=activations,
-                                      comm_buffers=buffers, peak=peak).items()}
-    assumptions.append(_walked_assumption(shape, lay, rows, seq, policy, walk, activations, in_flight))
-    return mem, "walked (the counted model's step on fake tensors; 16 bytes per parameter for mixed-precision AdamW)"
-
-
-def _walked_assumption(shape, lay: cost.Layout, rows: int, seq: int, policy, walk, activations, in_flight) -> str:
-    autocast = lay.dtype in ("bf16", "fp16")
-    return (
-        "memory: fp32 weights, fp32 gradients and AdamW's two fp32 moments (16 bytes per parameter), "
-        f"split over {lay.grad_ranks} data-parallel ranks as {lay.sharding} splits them; activations walked op by op: "
-        "the counted model (2 layers at 2 and 3 rows, scaled) run forward, loss (logits → fp32 → cross_entropy) and "
-        "backward on fake tensors at the real sizes under scalekit's memory timeline, "
-        + ("without checkpointing" if policy is None else f"checkpointing {policy!r} applied as torch applies it")
-        + (", bf16 weights (FSDP's param_dtype)" if autocast and lay.sharding == "fsdp"
-           else ", bf16 autocast (CPU policy)" if autocast else "")
-        + f"; a block keeps {walk.held_per_block / GIB:.2f} GiB to its backward (on average), scaled to "
-        f"{shape.n_layer // lay.pp} layers (Korthikanti et al. 2022 count 34·s·b·h bytes per GPT layer without "
-        f"checkpointing: {34 * seq * rows * shape.d / (lay.tp * lay.cp) / GIB:.2f} GiB; their sum is no longer the peak)"
-        + (f", {in_flight} micro-batches in flight on the first stage" if in_flight > 1 else "")
-        + (f"; the blocks' bytes ÷ tensor_parallel {lay.tp} (the embeddings, head and loss whole on every rank, as "
-           "scalekit's tensor_parallel leaves them)" if lay.tp > 1 else "")
-        + (f"; every byte ÷ context_parallel {lay.cp} (each rank holds 1/{lay.cp} of every sequence)" if lay.cp > 1
-           else "")
-        + f"; the peak is the walk's most bytes alive at once ({walk.where}: {activations / GIB:.1f} GiB of "
-        f"activations and temporaries, {100 * walk.grads_fraction:.0f}% of the gradients), not a sum; it is the "
-        "allocated peak: a caching allocator reserves more (fragmentation), and torchtitan's 'Memory' is the reserved "
-        "peak")
-
-
-def _walk_policy(checkpointing):
-    """The walk's spelling of the layout's checkpointing: None, every k-th block, or a named policy."""
-    if checkpointing is None or checkpointing is False:
-        return None
-    if checkpointing is True:
-        return 1
-    if isinstance(checkpointing, int) or (str(checkpointing).isdecimal() and str(checkpointing).isascii()):
-        if int(checkpointing) < 1:
-            raise ConfigError(f"checkpointing every {checkpointing} blocks: give a count of 1 or more")
-        return int(checkpointing)
-    if checkpointing in ("selective", "selective-torchtitan", "sequential"):
-        return checkpointing
-    raise ConfigError(f"checkpointing {checkpointing!r} is not one the memory walk knows: True or k (every k-th "
-                      "block), 'sequential', 'selective' (scalekit's) or 'selective-torchtitan' (torchtitan's op policy)")
-
-
 def _ops(model, toggles, shape) -> int:
     """Operators dispatched in one training step of the built-in GPT, counted by running one step of the preset at
     batch 1 on this CPU (the count does not depend on the batch); 0 where the model is not the built-in GPT.  A toggle
@@ -485,7 +319,7 @@ MODELLED = ("fsdp", "ddp", "zero", "tensor_parallel", "pipeline_parallel", "bf16
 
 def unmodelled(toggles) -> list[str]:
     """The toggles among `toggles` the cost model has no term for."""
-    return [t for t in _toggles(toggles) if t not in MODELLED]
+    return [t for t in toggles_of(toggles) if t not in MODELLED]
 
 
 def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: dict, toggles) -> list[str]:

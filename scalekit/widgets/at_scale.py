@@ -291,11 +291,11 @@ def _split_gpus(spec: str) -> tuple[int, str]:
 
 def _controls_of(toggles, count: int = 1) -> dict:
     """The controls' values for `toggles` (as RunConfig takes them); toggles the view has no control for are refused."""
-    from ..predict.step import _toggles
+    from ..predict.inputs import toggles_of
     from ..toggles.pipeline_parallel import parse as parse_pp
     from ..toggles.tensor_parallel import parse as parse_tp
 
-    t = _toggles(toggles)
+    t = toggles_of(toggles)
     tp = parse_tp(2 if t.get("tensor_parallel") is True else t.get("tensor_parallel", 1))[0]
     out = dict(sharding="none", tensor=1, stages=1, schedule="1f1b", micro_batches=4, dtype="fp32",
                checkpointing=None, sdpa=False)

@@ -9,15 +9,9 @@ import pytest
 from scalekit import RunConfig
 from scalekit.errors import ConfigError
 from scalekit.predict import PARTS, PUBLISHED, calibrate, gpus, part, predict, register
-from scalekit.predict.calibrate import (
-    Figures,
-    _median_time,
-    bus_bandwidths,
-    gpu_part,
-    matmul_batch,
-    measured_figures,
-)
+from scalekit.predict.calibrate import Figures, gpu_part, measured_figures
 from scalekit.predict.collectives import FACTORS
+from scalekit.predict.microbench import _median_time, bus_bandwidths, matmul_batch
 from scalekit.predict.parts import datasheet_part
 
 
