@@ -67,8 +67,9 @@ def run(args, stop=None) -> int:
 def _toggle_arg(text: str) -> tuple[str, object]:
     """'NAME=VALUE' as (name, value): a whole number as an int, no value as True (the --toggle of the other commands)."""
     name, _, value = text.partition("=")
-    # ASCII digits only: str.isdigit() also takes '²' and '٣', which int() then refuses or reads as 3
-    return name, (int(value) if value.isascii() and value.isdigit() else value) if value else True
+    from .inputs import as_number
+
+    return name, as_number(value) if value else True
 
 
 def add_plan_parser(sub) -> argparse.ArgumentParser:

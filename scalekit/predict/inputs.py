@@ -42,14 +42,21 @@ def _checked(toggles: dict) -> dict:
     return toggles
 
 
+def as_number(value):
+    """A value typed as text ('8') read as the whole number it spells; ASCII digits only (str.isdigit() also takes
+    '²' and '٣', which int() then refuses or reads as 3).  Anything else is returned as it is."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return value
+
+
 def whole_degree(toggles: dict, name: str, when_true: int, what: str) -> int:
     """A degree given as a toggle's value: a whole number of at least 1 (an int, or ASCII digits from the command
     line), True for `when_true`, 1 when absent; anything else refused naming the toggle."""
     value = toggles.get(name, 1)
     if value is True:
         return when_true
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        value = int(value)
+    value = as_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"toggles[{name!r}] must be True or a whole number of at least 1 ({what}); got {value!r}")
     return value

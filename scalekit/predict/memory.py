@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from . import cost
+from .inputs import as_number
 from .shapes import ModelShape
 
 GIB = 2**30
@@ -99,10 +100,11 @@ def _walk_policy(checkpointing):
         return None
     if checkpointing is True:
         return 1
-    if isinstance(checkpointing, int) or (str(checkpointing).isdecimal() and str(checkpointing).isascii()):
-        if int(checkpointing) < 1:
+    checkpointing = as_number(checkpointing)
+    if isinstance(checkpointing, int):
+        if checkpointing < 1:
             raise ConfigError(f"checkpointing every {checkpointing} blocks: give a count of 1 or more")
-        return int(checkpointing)
+        return checkpointing
     if checkpointing in ("selective", "selective-torchtitan", "sequential"):
         return checkpointing
     raise ConfigError(f"checkpointing {checkpointing!r} is not one the memory walk knows: True or k (every k-th "

@@ -19,6 +19,7 @@ def count_step_ops(preset: str, toggles: tuple[tuple[str, str], ...] = ()) -> in
     from ..models.presets import PRESETS
     from ..training.build import build, train_step
     from ..training.config import RunConfig
+    from .inputs import as_number
 
     class Count(TorchDispatchMode):
         n = 0
@@ -27,7 +28,7 @@ def count_step_ops(preset: str, toggles: tuple[tuple[str, str], ...] = ()) -> in
             Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    values = {k: (True if v == "True" else int(v) if v.isascii() and v.isdigit() else v) for k, v in toggles}
+    values = {k: (True if v == "True" else as_number(v)) for k, v in toggles}
     cfg = RunConfig(preset=preset, toggles=values, batch_size=1, seq_len=min(32, PRESETS[preset].block_size),
                     device="cpu", check_memory=False)
     hw = detect("cpu")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from .explain import explain
-from .inputs import check_sizes, toggles_of, whole_degree
+from .inputs import as_number, check_sizes, toggles_of, whole_degree
 from .parts import gpus as parse_gpus
 from .shapes import shape_of
 from .step import GIB, Prediction, predict
@@ -243,7 +243,7 @@ def _fixed(toggles: dict) -> dict:
         fixed["cp"] = whole_degree(toggles, "context_parallel", 2, "ranks each sequence is split over")
     if "checkpointing" in toggles:
         c = toggles["checkpointing"]
-        fixed["checkpointing"] = 1 if c is True else (int(c) if str(c).isascii() and str(c).isdigit() else c)
+        fixed["checkpointing"] = 1 if c is True else as_number(c)
     return fixed
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from . import cost
 from .collectives import Collective
-from .inputs import check_sizes, first_given, toggles_of, whole_degree
+from .inputs import as_number, check_sizes, first_given, toggles_of, whole_degree
 from .memory import GIB, memory_per_gpu
 from .parts import GPUS_PER_NODE
 from .parts import gpus as parse_gpus
@@ -105,7 +105,7 @@ def layout_of(toggles: dict, world: int, shape: ModelShape) -> cost.Layout:
     dtype = "bf16" if "bf16" in toggles else "fp16" if "fp16" in toggles else "tf32" if "tf32" in toggles \
         else "fp32"  # as a run: fp32 matmuls unless a toggle says
     ckpt = toggles.get("checkpointing")
-    ckpt = 1 if ckpt is True else (int(ckpt) if str(ckpt).isdecimal() and str(ckpt).isascii() else ckpt)
+    ckpt = 1 if ckpt is True else as_number(ckpt)
     return cost.Layout(world, dp, tp, pp, sharding, schedule, micro, dtype, ckpt, "sdpa" in toggles, cp)
 
 
