@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from ..machine import hardware
+from ..measure.load import LoadMeter
 from . import guards
 from .agent import Agent
 from .failure_report import LaunchError, report
@@ -86,7 +87,11 @@ def launch_run(config, nprocs: int | None = None, catch_errors: bool = False, ti
     nprocs = _check_nprocs(nprocs)
     config.check_ranks(nprocs)  # a mesh the ranks cannot form is refused before any of them starts
     try:
-        return launch(_run_config, config, nprocs=nprocs, timeout_s=timeout_s, keep_logs=keep_logs)[0]
+        meter = LoadMeter()  # the ranks are this process's children: only other processes count
+        result = launch(_run_config, config, nprocs=nprocs, timeout_s=timeout_s, keep_logs=keep_logs)[0]
+        if result.load is None:  # aggregated over several ranks, it carries none: the launch's load, seen from here
+            result.load = meter.read()
+        return result
     except (LaunchError, guards.ForkUnsafeError) as exc:
         if not catch_errors:
             raise

@@ -232,3 +232,20 @@ def test_toggles_that_need_ranks_say_how_to_launch():
         tiny(toggles=["cpu_offload"])
     with pytest.raises(ConfigError, match="'ddp' and 'fsdp' cannot be on together"):
         tiny(toggles=["ddp", "fsdp"])
+
+
+def test_a_launched_run_of_several_ranks_gets_the_launchs_load(monkeypatch):
+    # the aggregated result of several ranks carries no load of its own: launch_run measures it from this process,
+    # so a comparison of launched runs on a busy machine reads "unreliable (machine busy)" (no ranks forked here)
+    from scalekit.launch import api
+    from scalekit.measure.load import MachineLoad
+    from scalekit.training.results import RunResult
+
+    busy = MachineLoad(other_cpu_cores=1.0, cores=2, wall_s=1.0)
+    monkeypatch.setattr(api, "LoadMeter", lambda: types.SimpleNamespace(read=lambda: busy))
+    ranks_result = RunResult(label="ddp", config={}, status="ok")
+    monkeypatch.setattr(api, "launch", lambda *args, **kwargs: [ranks_result, ranks_result])
+    assert launch_run(tiny(toggles=["ddp"]), nprocs=2).load is busy
+    own = MachineLoad(other_cpu_cores=0.0, cores=2, wall_s=1.0)  # a rank that measured its own keeps it
+    ranks_result.load = own
+    assert launch_run(tiny(), nprocs=1).load is own
