@@ -80,7 +80,9 @@ def launch_run(config, nprocs: int | None = None, catch_errors: bool = False, ti
 
     This is how `scalekit bench --nproc-per-node` runs the ddp / fsdp toggles (and how the Lab does).
     With catch_errors, a failed launch (a timeout included) comes back as a result with status "failed" and
-    the error in a line.  timeout_s and keep_logs as for `launch`.
+    the error in a line.  timeout_s and keep_logs as for `launch`.  The result's `load` is what other processes
+    ran during the launch, read from this process where the ranks recorded none (a finding of one run each on a
+    busy machine then reads "unreliable (machine busy)", as a single process's does).
     """
     from ..training.results import RunResult
 
