@@ -14,7 +14,9 @@ and the part built from them: "this-cpu" (the default), or "this-gpu" with `devi
 - all-reduce / all-gather / reduce-scatter bandwidth by message size over `ranks` ranks started with
   scalekit.launch (gloo on the CPU, NCCL with one rank per GPU, only where there are 2 GPUs or more), reported as
   nccl-tests does ("bus bandwidth": the ring's (n−1)/n factors applied), and the latency α from the smallest
-  message.  They are measured first: a forked rank needs a parent that has not touched CUDA yet.
+  message.  They are measured first: a forked rank needs a parent that has not touched CUDA yet;
+- in the same gloo ranks, the host work of the wrappers built on DTensor (host_work.py): FSDP2's per call and per
+  byte, AdamW's step per DTensor parameter, a tensor-parallel linear's per call and per byte of its activation.
 Each figure is the median of `repeats` timings (the smallest message's collectives: the fastest, since their
 latency is a floor that a rank descheduled on a shared machine only adds to), on a GPU with torch.cuda.synchronize()
 before each clock reading.
@@ -28,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from . import host_work
 from .collectives import ALGORITHMS
 from .cost import PUBLISHED, Efficiency
 from .microbench import collective_bandwidth, copy_bandwidth, elementwise_bandwidth, matmul_curve, op_overhead
@@ -156,9 +159,11 @@ def cpu_part(name: str, fig: Figures) -> Part:
     link = max((bw for op in ("all_reduce", "all_gather", "reduce_scatter") for _, _, bw in colls.get(op, [])),
                default=bandwidth)
     latency = colls.get("latency_s", 0.0)
+    host = colls.get("host_work", {})
     eff = Efficiency(matmul=1.0, memory=fig.elementwise_bandwidth / bandwidth, link=1.0, latency_s=latency,
                      op_overhead_s=fig.op_overhead_s, matmul_curve=curve, overlaps_communication=False,
-                     algorithms=("ring",), sources={
+                     algorithms=("ring",), **host, sources={
+                         **host_work.sources(host, fig.ranks),
                          "matmul": "calibrate(): fp32 square matmuls on this CPU, " + _curve_text(curve),
                          **_memory_sources(fig, "this CPU"),
                          "link": f"calibrate(): best bus bandwidth of gloo collectives over {fig.ranks} ranks, "

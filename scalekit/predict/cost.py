@@ -6,6 +6,7 @@ each parallel mode issues (collectives.py), overlap rules stated as rules, and t
                  + fused attention FLOPs / (peak × EFFICIENCY.attention)
                  + other ops' bytes / (bandwidth × EFFICIENCY.memory)       (everything else is memory-bound)
                  + ops × EFFICIENCY.op_overhead_s                           (where dispatch is not hidden)
+                 + the DTensor wrappers' host work (host_work.py)             (where it is not hidden)
     step_s     = compute_s + Σ exposed communication + bubble
 
 The roofline is taken per matmul and per class of the other operators, and the terms are added (they run one
@@ -47,6 +48,12 @@ class Efficiency:
     matmul_curves: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     # the host queues kernels ahead of the device (a GPU): dispatch costs only what exceeds the kernels' time
     queued_dispatch: bool = False
+    # the host work of the wrappers built on DTensor, where the host runs it inline (host_work.py; 0: hidden)
+    fsdp_call_s: float = 0.0  # FSDP2's hooks per all-gather or reduce-scatter call
+    fsdp_host_bandwidth: float = math.inf  # bytes/s of those calls' host work per byte gathered or reduced
+    dtensor_param_s: float = 0.0  # AdamW's step per DTensor parameter, beyond a plain one's
+    tp_linear_s: float = 0.0  # a tensor-parallel linear's forward and backward, beyond a plain one's
+    tp_host_bandwidth: float = math.inf  # bytes/s of that work per byte of the linear's full-width activation
 
     def matmul_at(self, size: int, peak: float, dtype: str | None = None) -> float:
         """The achieved FLOP/s for the model's matmuls: the calibrated curve (`dtype`'s where one was measured) read

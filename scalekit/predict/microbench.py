@@ -1,6 +1,6 @@
 """The microbenchmarks `scalekit.calibrate()` is made of: a timing helper (median over repeats, synchronised on a
 GPU), matmul FLOP/s by size, copy and element-wise bandwidth, per-operator overhead, and the collectives' bus
-bandwidth and latency over ranks started with scalekit.launch.  calibrate.py turns their figures into a part."""
+bandwidth and latency over ranks started with scalekit.launch (and, in gloo's ranks, host_work.py's figures).  calibrate.py turns their figures into a part."""
 
 from __future__ import annotations
 
@@ -136,6 +136,9 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
     n = dist.get_world_size()
+    # the names torch 2.13 keeps (the *_tensor ones warn that they are deprecated), where this torch has them
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     rows = []
     try:
         for size in sizes:
@@ -143,8 +146,8 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
             full = torch.ones(elements, device=device)
             shard = torch.ones(elements // n, device=device)
             ops = {"all_reduce": lambda full=full: dist.all_reduce(full),
-                   "all_gather": lambda full=full, shard=shard: dist.all_gather_into_tensor(full, shard),
-                   "reduce_scatter": lambda full=full, shard=shard: dist.reduce_scatter_tensor(shard, full)}
+                   "all_gather": lambda full=full, shard=shard: gather(full, shard),
+                   "reduce_scatter": lambda full=full, shard=shard: scatter(shard, full)}
             for op, fn in ops.items():
                 dist.barrier()
                 # every rank must make the same calls: one per timing.  The smallest message is the latency α, a
@@ -153,6 +156,10 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
                 t = _median_time(fn, repeats, window_s=0.0, sync=_sync_for(device),
                                  stat=min if size == min(sizes) else statistics.median)
                 rows.append((op, elements * 4, t))
+        if backend == "gloo":  # the host runs the DTensor wrappers' work inline (a GPU's host: hidden, not measured)
+            from .host_work import measure
+
+            rows.append(("host_work", 0, measure(repeats)))
     finally:
         dist.destroy_process_group()
     return rows
@@ -171,6 +178,9 @@ def bus_bandwidths(rows, ranks: int) -> dict:
     """(op, bytes, seconds) rows as nccl-tests reports them: {op: [(bytes, seconds, bus bytes/s)], 'latency_s'}."""
     out: dict = {}
     for op, nbytes, t in rows:
+        if op == "host_work":  # host_work.measure's figures, not a collective
+            out[op] = t
+            continue
         out.setdefault(op, []).append((nbytes, t, FACTORS[op](ranks) * nbytes / t))
     smallest = min(out["all_reduce"])
     out["latency_s"] = smallest[1] / (2 * (ranks - 1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from . import cost
+from . import cost, host_work
 from .collectives import Collective
 from .inputs import as_number, check_sizes, first_given, toggles_of, whole_degree
 from .memory import GIB, memory_per_gpu
@@ -172,12 +172,15 @@ def _step_time(model, toggles, shape, layout, cluster, eff, rows_per_micro, seq)
     ops_s = ops * eff.op_overhead_s
     if eff.queued_dispatch:  # a GPU's host runs ahead of its kernels: only the dispatch they do not cover shows
         ops_s = max(0.0, ops_s - matmul_s - memory_s)
-    compute_s = matmul_s + memory_s + ops_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     colls = cost.step_collectives(shape, layout, rows_per_micro, seq)
+    host_s, counted["host work"] = host_work.host_seconds(shape, layout, eff, colls, rows_per_micro, seq)
+    compute_s = matmul_s + memory_s + ops_s + host_s  # cost.py: matmuls compute-bound, the rest memory-bound, added
     cost.time_collectives(colls, cluster, eff, compute_s, layout, attention_s)
     bubble = cost.bubble_fraction(layout.pp, layout.micro_batches, layout.schedule)
     bubble_s = compute_s * bubble / (1 - bubble) if bubble else 0.0
     parts = {"matmul": matmul_s, "memory traffic": memory_s, "per-op overhead": ops_s}
+    if host_s:
+        parts["host work (DTensor, FSDP2 hooks)"] = host_s
     return compute_s, parts, colls, bubble_s, counted
 
 
@@ -218,14 +221,16 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak, lay.dtype)
     attention_s = ((1 + traffic.ATTENTION_BACKWARD_FLOPS) * fwd.attention_flops
                    + recomputed_blocks * block.attention_flops) / attention_rate * share
-    moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights)
+    moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights,
+                           inline_host=eff.fsdp_call_s > 0)
     per_rank = lay.micro_batches / (lay.tp * lay.cp)
     return {"matmul": mm_total * per_rank + attention_s, "attention": attention_s,
             "memory traffic": sum(moved.values()) / (part.memory_bandwidth * eff.memory), "bytes": moved,
             "code": counted.code}
 
 
-def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, recomputed_blocks, bf16_weights):
+def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, recomputed_blocks, bf16_weights,
+                   inline_host: bool = False):
     """Bytes one GPU's operators that are not matmuls move in a step, by what moves them.  Eager: each counted
     operator's reads and writes, backward 2× (traffic.py).  Under compile the blocks' element-wise traffic is the
     fused floor, each saved activation's passes, and the root's (embeddings, head, loss) stays eager: torchtitan
@@ -248,7 +253,8 @@ def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, 
     if recomputed_blocks:
         out["full recompute (the blocks' forward again)"] = \
             recomputed_blocks * (block.other_bytes + block.attention_bytes) * share
-    if lay.sharding in ("fsdp", "zero2") and lay.grad_ranks > 1:
+    if lay.sharding in ("fsdp", "zero2") and lay.grad_ranks > 1 and not inline_host:
+        # (where the host runs them inline, host_work.py's calibrated calls hold these copies)
         # FSDP2 copies each gathered unit out of the all-gather's buffer into the parameters (read and write, once
         # per gather), and each gradient into the reduce-scatter's input (cast to fp32, then copied)
         gathers = lay.micro_batches * (2 if lay.sharding == "fsdp" else 1)
@@ -360,6 +366,11 @@ def _assumptions(pred: Prediction, eff: cost.Efficiency, part, shape, counted: d
     if unmodelled(toggles):
         out.append(f"not modelled: {', '.join(unmodelled(toggles))} (the step time is predicted as without them; "
                    f"the memory figure still comes from the planner where it is scalekit.estimate's)")
+    host = {k: n for k, n in counted.get("host work", {}).items() if n and getattr(eff, k)}
+    if host:
+        out.append("host work of the DTensor wrappers, run inline by this host: " + ", ".join(
+            f"{n:,} {host_work.COUNTED[k]}" for k, n in host.items()) + " ("
+            + "; ".join(eff.sources.get(k, k) for k in host) + ")")
     out.append(f"per-op overhead: {eff.op_overhead_s * 1e6:.1f} µs per operator ({eff.sources.get('op_overhead_s', '')})"
                + ("; the host queues kernels ahead of the device: only the dispatch that exceeds the kernels' time is "
                   "added" if eff.queued_dispatch else ""))

@@ -34,6 +34,13 @@ def test_calibrate_registers_this_cpu_with_measured_factors_and_predict_uses_the
         assert eff.algorithms == ("ring",) and "gloo" in eff.sources["algorithms"]
         assert reduce.algorithm == "ring" and not reduce.algorithm_note
         assert any("every collective as a ring (gloo's all-reduce is a ring" in a for a in p.assumptions)
+        # the DTensor wrappers' host work, measured in the same ranks, and paid by the modes built on them
+        assert 0 < eff.fsdp_call_s < 0.1 and 0 < eff.dtensor_param_s < 0.1 and 0 < eff.tp_linear_s < 0.1
+        assert 0 < eff.fsdp_host_bandwidth < float("inf") and 0 < eff.tp_host_bandwidth < float("inf")
+        assert all("gloo ranks" in eff.sources[k] for k in ("fsdp_call_s", "dtensor_param_s", "tp_linear_s"))
+        assert "host work (DTensor, FSDP2 hooks)" not in p.compute_parts  # DDP: no DTensor
+        for toggles in (["fsdp"], {"tensor_parallel": 2}):
+            assert predict("tiny", "2xthis-cpu", toggles=toggles).compute_parts["host work (DTensor, FSDP2 hooks)"] > 0
     finally:
         PARTS.pop("this-cpu", None)
 
