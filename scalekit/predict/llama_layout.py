@@ -58,20 +58,30 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1(x)) · w3(x)), torchtitan's `feed_forward`."""
+
+    def __init__(self, d: int, ffn: int):
+        super().__init__()
+        self.w1 = nn.Linear(d, ffn, bias=False)
+        self.w3 = nn.Linear(d, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, h):
+        return self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
 class Block(nn.Module):
     def __init__(self, shape, bias: bool):
         super().__init__()
         d = shape.d
         self.attention_norm, self.ffn_norm = RMSNorm(d), RMSNorm(d)
         self.attention = Attention(d, shape.n_head, shape.n_kv_head, bias)
-        self.w1 = nn.Linear(d, shape.ffn, bias=False)
-        self.w3 = nn.Linear(d, shape.ffn, bias=False)
-        self.w2 = nn.Linear(shape.ffn, d, bias=False)
+        self.feed_forward = FeedForward(d, shape.ffn)
 
     def forward(self, x, freqs, fused: bool):
         x = x + self.attention(self.attention_norm(x), freqs, fused)
-        h = self.ffn_norm(x)
-        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class LlamaLayout(nn.Module):

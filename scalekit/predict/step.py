@@ -215,6 +215,8 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     # own roofline (traffic.matmul_seconds: the longer of its FLOPs' time and its bytes' at the memory's rate)
     bandwidth = part.memory_bandwidth * eff.memory
     mm_s = traffic.matmul_seconds(traffic.scaled(fwd.matmuls, rows), at, bandwidth)
+    # the root's matmuls (the head): each tensor-parallel rank runs them whole (scalekit's plan splits the blocks)
+    root_mm_s = traffic.matmul_seconds(traffic.scaled(counted.root.matmuls, rows), at, bandwidth)
     block_mm_s = traffic.matmul_seconds(traffic.scaled(block.matmuls, rows), at, bandwidth)
     mm_total = 3 * mm_s + recomputed_blocks * block_mm_s + (layers * block_mm_s / 2 if ckpt == "selective-torchtitan"
                                                             else 0.0)
@@ -224,7 +226,8 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights,
                            inline_host=eff.fsdp_call_s > 0)
     per_rank = lay.micro_batches / (lay.tp * lay.cp)
-    return {"matmul": mm_total * per_rank + attention_s, "attention": attention_s,
+    matmul_s = (mm_total - 3 * root_mm_s) * per_rank + 3 * root_mm_s * per_rank * lay.tp
+    return {"matmul": matmul_s + attention_s, "attention": attention_s,
             "memory traffic": sum(moved.values()) / (part.memory_bandwidth * eff.memory), "bytes": moved,
             "code": counted.code}
 
@@ -242,17 +245,20 @@ def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, 
     params = shape.n_params / (lay.tp * lay.pp)
     held = params / lay.grad_ranks if lay.sharding in ("fsdp", "zero1", "zero2") else params
     out = {"optimizer (AdamW: 28 B per held parameter)": 28 * held}
+    # a tensor-parallel rank moves the split modules' bytes for 1/tp of the work, the rest (norms, residual adds,
+    # embeddings, head, loss) for all of it (traffic.Traffic.per_rank_bytes)
+    tokens, tp = share * lay.tp, lay.tp
     if "compile" in toggles:
         saved = _saved_per_row(shape, lay, seq) * rows * lay.micro_batches
         out["blocks, compiled (saved activations × 5 passes)"] = ACTIVATION_PASSES * saved
-        out["root, eager (embeddings, head, loss)"] = passes * counted.root.other_bytes * share
+        out["root, eager (embeddings, head, loss)"] = passes * counted.root.per_rank_bytes(tp) * tokens
     else:
-        out["operators, eager (counted, backward 2×)"] = passes * (fwd.other_bytes + fwd.attention_bytes) * share
+        out["operators, eager (counted, backward 2×)"] = passes * fwd.per_rank_bytes(tp) * tokens
     if isinstance(lay.checkpointing, str) and "compile" not in toggles:
-        out["selective recompute (the cheap operators again)"] = layers * block.other_bytes * share
+        cheap = block.split_bytes / tp + block.other_bytes - block.split_bytes
+        out["selective recompute (the cheap operators again)"] = layers * cheap * tokens
     if recomputed_blocks:
-        out["full recompute (the blocks' forward again)"] = \
-            recomputed_blocks * (block.other_bytes + block.attention_bytes) * share
+        out["full recompute (the blocks' forward again)"] = recomputed_blocks * block.per_rank_bytes(tp) * tokens
     if lay.sharding in ("fsdp", "zero2") and lay.grad_ranks > 1 and not inline_host:
         # (where the host runs them inline, host_work.py's calibrated calls hold these copies)
         # FSDP2 copies each gathered unit out of the all-gather's buffer into the parameters (read and write, once

@@ -85,6 +85,9 @@ class Traffic:
     attention_bytes: float = 0.0  # its inputs and outputs
     other_bytes: float = 0.0  # every other operator's reads and writes
     ops: int = 0  # operators that do work
+    # of other_bytes, the operators inside a block's attention and MLP modules (SPLIT_MODULES): what tensor
+    # parallelism splits over its ranks; the rest (norms, residual adds, the root) each rank runs whole
+    split_bytes: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -97,7 +100,12 @@ class Traffic:
                 mine.remove(mm)
         return Traffic(mine, self.attention_flops - other.attention_flops,
                        self.attention_bytes - other.attention_bytes, self.other_bytes - other.other_bytes,
-                       self.ops - other.ops)
+                       self.ops - other.ops, self.split_bytes - other.split_bytes)
+
+    def per_rank_bytes(self, tp: int) -> float:
+        """The other operators' and fused attention's bytes one tensor-parallel rank moves: the split modules' 1/tp,
+        the rest whole."""
+        return (self.split_bytes + self.attention_bytes) / tp + self.other_bytes - self.split_bytes
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ class ModelTraffic:
         b, r = self.block, self.root
         return Traffic(r.matmuls + b.matmuls * n_layer, r.attention_flops + n_layer * b.attention_flops,
                        r.attention_bytes + n_layer * b.attention_bytes, r.other_bytes + n_layer * b.other_bytes,
-                       r.ops + n_layer * b.ops)
+                       r.ops + n_layer * b.ops, r.split_bytes + n_layer * b.split_bytes)
 
 
 def _bytes(t) -> int:
@@ -167,6 +175,7 @@ def _counter():
         def __init__(self):
             super().__init__()
             self.traffic = Traffic()
+            self.split_depth = 0  # > 0 inside a module tensor parallelism splits (split_modules' hooks)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -190,11 +199,38 @@ def _counter():
                 t.other_bytes += 2 * sum(_bytes(x) for x in outs) + sum(_bytes(x) for x in index)
             else:
                 outs = out if isinstance(out, (tuple, list)) else (out,)
-                t.other_bytes += sum(_bytes(x) for x in _tensors(args)) + sum(_bytes(x) for x in _tensors(outs))
+                moved = sum(_bytes(x) for x in _tensors(args)) + sum(_bytes(x) for x in _tensors(outs))
+                t.other_bytes += moved
+                t.split_bytes += moved if self.split_depth else 0
             t.ops += 1
             return out
 
     return Count()
+
+
+# the modules of a block whose work tensor parallelism splits over its ranks (scalekit's plan: attention's heads and
+# the MLP's hidden units); the built-in GPT's names, and llama_layout.py's (torchtitan's)
+SPLIT_MODULES = ("attn", "mlp", "attention", "feed_forward")
+
+
+@contextlib.contextmanager
+def split_modules(model, count):
+    """While inside: `count.split_depth` above 0 whenever one of the model's SPLIT_MODULES is running its forward."""
+    def enter(*_):
+        count.split_depth += 1
+
+    def leave(*_):
+        count.split_depth -= 1
+
+    handles = []
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in SPLIT_MODULES:
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _run(build, rows: int, seq: int, vocab: int, autocast: bool, loss: bool = True, device: str = "cpu") -> Traffic:
@@ -213,7 +249,7 @@ def _run(build, rows: int, seq: int, vocab: int, autocast: bool, loss: bool = Tr
         with torch.no_grad(), cast:
             count = _counter()
             policy = cuda_autocast() if autocast and device == "cuda" else contextlib.nullcontext()
-            with count, policy:  # the policy's casts reach the count: they move bytes as autocast's do
+            with count, policy, split_modules(model, count):  # the policy's casts reach the count, as autocast's
                 out = model(ids)
                 logits = out if isinstance(out, torch.Tensor) else (out[0] if isinstance(out, tuple) else out.logits)
                 if loss:  # the loss in fp32, as the runs compute it
