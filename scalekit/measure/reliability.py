@@ -46,8 +46,9 @@ def unreliable_reason(interval: Interval | None, base_load: MachineLoad | None, 
         return f"the machine was busier while {busier} measured", loads
     width = interval.high / interval.low if interval.low > 0 else math.inf
     if width > WIDE_RATIO:
+        varied = "calls" if interval.method == ALTERNATING else "steps"
         return "interval too wide", (f"its ends differ by a factor of {width:.1f}, more than {WIDE_RATIO:g}: the "
-                                     f"steps varied too much to tell the size of a difference")
+                                     f"{varied} varied too much to tell the size of a difference")
     return "", ""
 
 
