@@ -15,8 +15,8 @@ import warnings
 
 from ..inference.results import GenerateResult, compare_generations, generation_speedup
 from ..machine.hardware import cuda_gpu_present
-from ..measure.load import MachineLoad
-from ..measure.stats import BUSY_VERDICT, Interval, sentence
+from ..measure.reliability import judged_sentence, unreliable_reason
+from ..measure.stats import Interval
 from ..toggles import TOGGLES
 from ..training.results import RunResult, compare, speedup_over
 
@@ -217,45 +217,6 @@ def before_after(results: list[RunResult], reference_ms: dict[str, float] | None
     return df
 
 
-BUSIER_CORES = 0.25  # one run each: other processes' load differing by more than this many cores between the runs
-WIDE_RATIO = 2.0  # an interval whose ends differ by more than this factor says too little about the size
-
-
-def unreliable_reason(interval: Interval | None, base_load: MachineLoad | None, load: MachineLoad | None,
-                      subject: str = "the run", other: str = "the baseline") -> tuple[str, str]:
-    """Why a comparison cannot be read as faster or slower, as (short reason, the figures behind it), or ('', '')
-    when it can.  Pure: the interval and the two runs' loads (measure/load.py) decide it.
-
-    - one run each, the machine busy during either run (the load meter's threshold: the verdict is BUSY_VERDICT);
-    - one run each, other processes' load differing by more than BUSIER_CORES between the two runs: the interval
-      sees each run's step-to-step spread, never the machine slowing between them, so the ratio carries the
-      difference (rounds in alternating order carry it in their interval instead);
-    - an interval whose ends differ by more than WIDE_RATIO: whatever its side of 1, it cannot say by how much."""
-    if interval is None:
-        return "", ""
-    one_run_each = interval.method == "one run each"
-    base_cores = base_load.other_cpu_cores if base_load is not None else None
-    cores = load.other_cpu_cores if load is not None else None
-    loads = (f"other processes used {cores:.2f} of {load.cores} cores while {subject} measured, {base_cores:.2f} "
-             f"while {other} did" if cores is not None and base_cores is not None else "")
-    if one_run_each and interval.unreliable:
-        return "machine busy", loads or "the load meter saw other processes at work during one of the runs"
-    if one_run_each and loads and abs(cores - base_cores) > BUSIER_CORES:
-        busier = subject if cores > base_cores else other
-        return f"the machine was busier while {busier} measured", loads
-    width = interval.high / interval.low if interval.low > 0 else math.inf
-    if width > WIDE_RATIO:
-        return "interval too wide", (f"its ends differ by a factor of {width:.1f}, more than {WIDE_RATIO:g}: the "
-                                     f"steps varied too much to tell the size of a difference")
-    return "", ""
-
-
-def _figures(interval: Interval) -> str:
-    pct = f"{100 * interval.level:.0f}%"
-    text = f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {pct}"
-    return text + (", one run each)" if interval.method == "one run each" else f", {interval.rounds} rounds)")
-
-
 def _compared(result, baseline) -> tuple[Interval | None, str, tuple[str, str]]:
     speedup = generation_speedup if isinstance(result, GenerateResult) else speedup_over
     interval, why = speedup(baseline, result)
@@ -269,14 +230,8 @@ def finding(result: RunResult | GenerateResult, baseline: RunResult | GenerateRe
     '<result> against <baseline>: unreliable (<why>), <figures>; <the numbers behind it>; ...' where the machine was
     busy, busier during one run than the other, or the interval is too wide to say (`unreliable_reason`); runs
     that cannot be compared say why."""
-    interval, why, (short, detail) = _compared(result, baseline)
-    if short:
-        word = BUSY_VERDICT if short == "machine busy" else f"unreliable ({short})"
-        cure = ("measure more steps, or more rounds" if interval.method != "one run each" else
-                "measure again on a quiet machine, or in rounds (repeats=3)")
-        text = f"{result.label} against {baseline.label}: {word}, {_figures(interval)}; {detail}; {cure}"
-    else:
-        text = sentence(result.label, interval, baseline.label)
+    interval, why, _ = _compared(result, baseline)
+    text = judged_sentence(result.label, interval, baseline.label, baseline.load, result.load)
     return f"{text} ({why})" if why else text
 
 

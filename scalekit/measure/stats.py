@@ -24,6 +24,10 @@ The method, and what it assumes:
   run each, the load may have moved between the two runs, which the interval cannot see, so the verdict is
   BUSY_VERDICT (the interval is still shown).  Paired rounds in alternating order spread the load over both
   sides and their interval carries it: the verdict stands, and the sentence says the machine was busy.
+- **Alternating calls** (`training.profiling.call_finding`: A, B, A, B, ... one call at a time): each side is
+  one run, its interval from the calls' own spread as for one run each, but the two were timed over the same
+  stretch of time, so a load falls on both: a busy machine keeps the verdict, as paired rounds do, and the
+  sentence says it was busy.  `measure/reliability.py` holds the rules that make a verdict unreliable.
 - "Within noise" means the interval holds 1.0 (criterion.rs says "no change" for the same).  At the 95%
   level an A/A comparison (a configuration against itself) claims a difference in 5% of comparisons at
   most, when the assumptions hold: `tests/measure/test_stats.py` checks it with injected jitter, and
@@ -41,6 +45,9 @@ LEVEL = 0.95  # two-sided confidence level of every interval shown
 MAX_BATCHES = 8  # contiguous batches a run's steps are cut into for its own variance
 MIN_BATCH_STEPS = 3  # steps per batch at least: a median of 3 or more varies as the run's median does, per step
 BUSY_VERDICT = "unreliable (machine busy)"  # one run each, measured while the load meter saw the machine busy
+ONE_RUN_EACH = "one run each"  # Interval.method: each side measured once, one after the other
+PAIRED_ROUNDS = "paired rounds"  # both sides measured once per round, the order alternating between rounds
+ALTERNATING = "alternating calls"  # each side measured once, call for call in alternation (A, B, A, B, ...)
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,8 @@ class Interval:
     high: float
     level: float = LEVEL
     rounds: int = 1  # paired rounds behind it (1: one run each)
-    method: str = "paired rounds"  # or "one run each": step-to-step noise only, not drift between runs
+    # PAIRED_ROUNDS, ONE_RUN_EACH (step-to-step noise only, not drift between runs) or ALTERNATING
+    method: str = PAIRED_ROUNDS
     log_se: float = 0.0  # standard error of the log of the estimate (for combining intervals)
     df: float = math.inf  # its degrees of freedom
     busy: bool = False  # the load meter saw the machine busy while a run it rests on was measured
@@ -74,7 +82,7 @@ class Interval:
     @property
     def unreliable(self) -> bool:
         """One run each on a busy machine: the load may have changed between the two runs, unseen."""
-        return self.busy and self.method == "one run each"
+        return self.busy and self.method == ONE_RUN_EACH
 
 
 def verdict(interval: Interval | None, threshold: float = 1.0) -> str:
@@ -97,28 +105,39 @@ def sentence(subject: str, interval: Interval | None, other: str) -> str:
     run each on a busy machine, '<subject> against <other>: unreliable (machine busy), ...'."""
     if interval is None:
         return f"{subject} and {other} were not compared"
-    pct = f"{100 * interval.level:.0f}%"
-    figures = f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {pct}"
-    figures += ", one run each)" if interval.method == "one run each" else f", {interval.rounds} rounds)"
-    word = interval.verdict
+    word, shown = interval.verdict, figures(interval)
     if word == BUSY_VERDICT:
-        return (f"{subject} against {other}: {BUSY_VERDICT}, {figures}; measure again on a quiet machine, or in "
+        return (f"{subject} against {other}: {BUSY_VERDICT}, {shown}; measure again on a quiet machine, or in "
                 f"rounds (repeats=3)")
-    busy = "; the machine was busy (the rounds' interval carries the load)" if interval.busy else ""
+    busy = f"; the machine was busy ({CARRIED.get(interval.method, 'its interval carries the load')})" \
+        if interval.busy else ""
     if word == "within noise":
-        return f"{subject} is within noise of {other}: {figures}, an interval that holds 1{busy}"
-    return f"{subject} is {word} than {other}: {figures}{busy}"
+        return f"{subject} is within noise of {other}: {shown}, an interval that holds 1{busy}"
+    return f"{subject} is {word} than {other}: {shown}{busy}"
+
+
+# where a busy machine's load went, for the methods that keep their verdict on one
+CARRIED = {PAIRED_ROUNDS: "the rounds' interval carries the load",
+           ALTERNATING: "the calls alternated, so the load fell on both"}
+
+
+def figures(interval: Interval) -> str:
+    """'1.32× (1.21–1.44× at 95%, 3 rounds)', '... one run each)' or '... calls alternating)'."""
+    how = {ONE_RUN_EACH: "one run each", ALTERNATING: "calls alternating"}.get(interval.method,
+                                                                            f"{interval.rounds} rounds")
+    return f"{interval.estimate:.2f}× ({interval.low:.2f}–{interval.high:.2f}× at {100 * interval.level:.0f}%, {how})"
 
 
 # -- the interval ------------------------------------------------------------------------------------------
 def speedup_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Sequence[float]],
                      level: float = LEVEL, statistic: Callable = statistics.median,
-                     busy: bool = False) -> Interval | None:
+                     busy: bool = False, alternated: bool = False) -> Interval | None:
     """The speed-up of `rounds` over `base_rounds`: each a list of runs (one per round, paired by position),
     each run the times of its measured steps.  `statistic` makes a run's figure from its steps (the median;
     the mean where steps differ by design and the wall clock is the honest figure).  `busy`: the load meter
-    saw the machine busy during any of the runs (it decides the verdict of one run each).  None when there
-    is nothing to compare."""
+    saw the machine busy during any of the runs (it decides the verdict of one run each).  `alternated`: one run
+    each whose steps were timed in alternation, call for call (method ALTERNATING).  None when there is nothing
+    to compare."""
     pairs = [(a, b) for a, b in zip(base_rounds, rounds, strict=False) if len(a) and len(b)]
     if not pairs:
         return None
@@ -128,12 +147,13 @@ def speedup_interval(base_rounds: Sequence[Sequence[float]], rounds: Sequence[Se
         (va, vb), = within
         if va is None or vb is None:
             return None  # too few steps for a run's own variance: no honest interval from one run each
-        return _interval(logs[0], math.sqrt(va[0] + vb[0]), _welch_df(va, vb), level, 1, "one run each", busy)
+        method = ALTERNATING if alternated else ONE_RUN_EACH
+        return _interval(logs[0], math.sqrt(va[0] + vb[0]), _welch_df(va, vb), level, 1, method, busy)
     k = len(logs)
     spread = statistics.variance(logs)
     floors = [va[0] + vb[0] for va, vb in within if va is not None and vb is not None]
     var = max(spread, statistics.fmean(floors) if floors else 0.0)
-    return _interval(statistics.fmean(logs), math.sqrt(var / k), k - 1, level, k, "paired rounds", busy)
+    return _interval(statistics.fmean(logs), math.sqrt(var / k), k - 1, level, k, PAIRED_ROUNDS, busy)
 
 
 def _interval(log_ratio: float, se: float, df: float, level: float, rounds: int, method: str,

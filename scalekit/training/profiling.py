@@ -31,7 +31,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ..machine.hardware import detect
+from ..measure.load import LoadMeter
 from ..measure.memory import LiveTensorBytes
+from ..measure.reliability import judged_sentence
 from ..measure.session import pin_threads
 from ..measure.stats import Interval, sentence, speedup_interval, too_few_steps
 from ..measure.timing import Spread, step_timer, synchronize
@@ -317,25 +319,37 @@ def time_ms(fn, device: torch.device | str = "cpu", reps: int = 10, warmup: int 
 
 def call_finding(subject: str, fn, other: str, base_fn, device: torch.device | str = "cpu", reps: int = 15,
                  warmup: int = 2) -> tuple[str, Interval | None]:
-    """Whether `fn()` is faster than `base_fn()`, in the words its 95% interval allows (scalekit.measure.stats
-    .sentence): '<subject> is faster than <other>: 1.8× (1.6–2.0× at 95%, one run each)', '... slower ...' or
-    '... within noise of ...', and the interval.  The two calls alternate, `reps` times each after `warmup`
-    each, so a machine that slows down meanwhile slows both."""
+    """Whether `fn()` is faster than `base_fn()`, in the words its 95% interval and the machine's load allow
+    (scalekit.measure.reliability.judged_sentence, the rule behind the chapters' `finding`): '<subject> is faster
+    than <other>: 1.8× (1.6–2.0× at 95%, calls alternating)', '... slower ...', '... within noise of ...', or
+    '<subject> against <other>: unreliable (interval too wide), ...', and the interval.
+
+    The two calls alternate, `reps` times each after `warmup` each, the order turning every pair (base, fn, fn,
+    base, ...), so a machine that slows down meanwhile slows both.  The load meter reads other processes' CPU (and
+    GPU) over the whole alternation, one load for both sides.  Alternation sees the same load on both sides, as
+    paired rounds do, so the rule is theirs: a busy machine keeps the verdict and the sentence says the machine was
+    busy, naming the load; an interval whose ends differ by more than WIDE_RATIO reads 'unreliable (interval too
+    wide)' always."""
     device = torch.device(device)
     for _ in range(warmup):
         base_fn()
         fn()
     synchronize(device)
+    meter = LoadMeter(device.type)
     timers = step_timer(device), step_timer(device)
-    for _ in range(reps):
-        for timer, call in zip(timers, (base_fn, fn), strict=True):
+    pairs = tuple(zip(timers, (base_fn, fn), strict=True))
+    for rep in range(reps):
+        for timer, call in pairs if rep % 2 == 0 else pairs[::-1]:
             timer.start()
             call()
             timer.stop()
     base_ms, ms = (t.collect() for t in timers)
-    interval = speedup_interval([base_ms], [ms])
-    why = too_few_steps([base_ms], [ms]) if interval is None else ""
-    return sentence(subject, interval, other) + (f" ({why})" if why else ""), interval
+    load = meter.read()
+    interval = speedup_interval([base_ms], [ms], busy=load.busy, alternated=True)
+    if interval is None:
+        why = too_few_steps([base_ms], [ms])
+        return sentence(subject, None, other) + (f" ({why})" if why else ""), None
+    return judged_sentence(subject, interval, other, load, load), interval
 
 
 def peak_bytes(fn, device: torch.device | str = "cpu") -> int:

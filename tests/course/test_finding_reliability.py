@@ -1,8 +1,8 @@
 """When a finding must read 'unreliable' and say why: a pure function of the interval and the two runs' loads."""
 
 from scalekit.course import unreliable_reason
-from scalekit.course.chapter import WIDE_RATIO
 from scalekit.measure.load import MachineLoad
+from scalekit.measure.reliability import WIDE_RATIO
 from scalekit.measure.stats import Interval
 
 

@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import pytest
@@ -93,24 +94,117 @@ def test_the_profiler_banner_stays_off_stderr_and_other_lines_do_not():
     assert "an error of the reader's own" in done.stderr
 
 
-def test_call_finding_says_which_call_is_faster():
-    import time
+class ScriptedCalls:
+    """Stands in for the step timer's clock (timing.time) and the load meter: each scripted call advances the
+    clock by its time in ms, times a seeded jitter, and the meter reads the load the test gives."""
 
+    def __init__(self, load_cores: float | None = 0.0, jitter: float = 0.03, seed: int = 0):
+        import random
+
+        from scalekit.measure.load import MachineLoad
+
+        self.now, self.rng, self.jitter = 0.0, random.Random(seed), jitter
+        self.load = MachineLoad(other_cpu_cores=load_cores, cores=2, wall_s=1.0)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def call(self, *ms: float):
+        """A call taking ms[0], ms[1], ... in turn (round and round), each with its jitter."""
+        turn = itertools.cycle(ms)
+
+        def run():
+            self.now += next(turn) * self.rng.lognormvariate(0, self.jitter) / 1e3
+        return run
+
+    def install(self, monkeypatch) -> None:
+        from scalekit.measure import timing
+        from scalekit.training import profiling
+
+        monkeypatch.setattr(timing, "time", self)
+        monkeypatch.setattr(profiling, "LoadMeter", lambda device_type: self)
+
+    def read(self):
+        return self.load
+
+
+def test_call_finding_says_which_call_is_faster(monkeypatch):
     from scalekit.training.profiling import call_finding
 
-    def quick():
-        time.sleep(0.002)
-
-    def slow():
-        time.sleep(0.02)
-
+    machine = ScriptedCalls()
+    machine.install(monkeypatch)
+    quick, slow = machine.call(2.0), machine.call(20.0)
     text, interval = call_finding("quick", quick, "slow", slow, reps=6, warmup=1)
     assert text.startswith("quick is faster than slow: ") and "at 95%" in text
-    assert interval.low > 2  # 10× less sleep: even a busy machine cannot make that within noise
+    assert interval.low > 2  # 10× less time: even a busy machine cannot make that within noise
     text, interval = call_finding("slow", slow, "quick", quick, reps=6, warmup=1)
     assert text.startswith("slow is slower than quick") and interval.high < 0.5
     text, interval = call_finding("quick", quick, "slow", slow, reps=3, warmup=0)
     assert interval is None and "too few" in text  # no interval from three calls each, and it says so
+
+
+def test_call_finding_on_real_sleeps_never_reverses_a_tenfold_difference():
+    # the real clock, generously: 2 ms against 20 ms of sleep.  A busy machine may widen the interval past
+    # WIDE_RATIO (then the sentence says unreliable), never turn it round
+    import time
+
+    from scalekit.training.profiling import call_finding
+
+    text, interval = call_finding("quick", lambda: time.sleep(0.002), "slow", lambda: time.sleep(0.02), reps=6,
+                                  warmup=1)
+    assert interval.low > 2
+    assert text.startswith(("quick is faster than slow: ", "quick against slow: unreliable (interval too wide)"))
+
+
+def test_call_finding_alternates_the_calls_and_turns_the_order_each_pair(monkeypatch):
+    from scalekit.training.profiling import call_finding
+
+    machine, order = ScriptedCalls(), []
+    machine.install(monkeypatch)
+    a, b = machine.call(1.0), machine.call(1.0)
+    call_finding("a", lambda: (order.append("a"), a()), "b", lambda: (order.append("b"), b()), reps=6, warmup=1)
+    assert "".join(order) == "ba" + "ba" + "ab" + "ba" + "ab" + "ba" + "ab"  # warm-up, then turning every pair
+
+
+def test_call_finding_too_wide_an_interval_reads_unreliable_and_says_why(monkeypatch):
+    from scalekit.measure.reliability import WIDE_RATIO
+    from scalekit.training.profiling import call_finding
+
+    machine = ScriptedCalls()
+    machine.install(monkeypatch)
+    steady, erratic = machine.call(10.0), machine.call(4.0, 4.0, 4.0, 1.0, 1.0, 1.0)  # 4 ms, then 1 ms, by turns
+    text, interval = call_finding("erratic", erratic, "steady", steady, reps=18, warmup=0)
+    assert interval.low > 1 and interval.high / interval.low > WIDE_RATIO  # faster, by how much not known
+    assert text.startswith("erratic against steady: unreliable (interval too wide), ")
+    assert f"a factor of {interval.high / interval.low:.1f}, more than {WIDE_RATIO:g}" in text
+    assert "calls alternating" in text and "the calls varied too much" in text
+    assert "faster" not in text and "slower" not in text
+    assert text.endswith("time more calls of each (a larger reps), on a quieter machine if it was busy")
+
+
+def test_call_finding_on_a_busy_machine_keeps_its_verdict_and_names_the_load(monkeypatch):
+    # the calls alternate, so the load falls on both (the rule of paired rounds): the verdict stands, and the
+    # sentence says the machine was busy and how busy
+    from scalekit.training.profiling import call_finding
+
+    machine = ScriptedCalls(load_cores=1.5)
+    machine.install(monkeypatch)
+    text, interval = call_finding("quick", machine.call(2.0), "slow", machine.call(20.0), reps=6, warmup=1)
+    assert interval.busy and interval.verdict == "faster"
+    assert text.startswith("quick is faster than slow: ")
+    assert text.endswith("calls alternating); the machine was busy (the calls alternated, so the load fell on "
+                         "both); other processes used 1.50 of 2 cores while quick and slow were timed")
+
+
+def test_call_finding_on_a_quiet_machine_says_faster_or_slower_alone(monkeypatch):
+    from scalekit.training.profiling import call_finding
+
+    machine = ScriptedCalls(load_cores=0.1)
+    machine.install(monkeypatch)
+    text, interval = call_finding("quick", machine.call(2.0), "slow", machine.call(20.0), reps=6, warmup=1)
+    assert not interval.busy and text.startswith("quick is faster than slow: ") and text.endswith("alternating)")
+    text, interval = call_finding("slow", machine.call(20.0), "quick", machine.call(2.0), reps=6, warmup=1)
+    assert text.startswith("slow is slower than quick: ") and "busy" not in text
 
 
 def test_attention_is_counted_by_module_in_a_model_we_did_not_write():
