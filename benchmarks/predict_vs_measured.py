@@ -8,7 +8,9 @@ Each row: predicted ms/step, measured (the median of the measured steps), their 
 ±25%) the term the model is missing, named.  On a machine other processes share, wall time measures the share as
 much as the model: the single-process presets are also calibrated and measured in CPU time (time.thread_time,
 the step run by scalekit's own build and train_step, one intra-op thread: all of its work is on this thread).  Every process runs one intra-op thread (calibrate() pins the same), so
-two ranks on a 2-core machine each have a core.
+two ranks on a 2-core machine each have a core.  The distributed cases' predicted compute (the operators and the
+DTensor wrappers' host work, predict/host_work.py) is also held against each rank's CPU time: the compute side of
+the wall time, apart from the waiting at collectives.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def missing_term(pred, measured_ms: float) -> str:
 
             alpha = part("this-cpu").efficiency.latency_s
             return (f"over by {-gap:.0f} ms: {c.calls} {c.op} calls ({c.name}) priced at {c.exposed_s * 1e3:.0f} ms "
-                    f"exposed, mostly calibrate()'s latency α of {alpha * 1e6:.0f} µs per ring step, read once from "
-                    f"the smallest all-reduce on 2 ranks sharing 2 cores; the run's calls met less of it")
+                    f"exposed, mostly calibrate()'s latency α of {alpha * 1e6:.0f} µs per ring step, the mean of "
+                    f"the smallest all-reduce's single calls on 2 ranks sharing 2 cores (two modes, about 0.2 and 2 "
+                    f"ms, in shares that vary from run to run); the run's calls met less of it")
         return f"over by {-gap:.0f} ms: matmul efficiency at these shapes above the square-matmul curve's"
     lay = pred.layout
     if lay.tp > 1 or lay.sharding in ("fsdp", "zero2"):  # the modes built on DTensor (DDP, ZeRO-1, pipelines: not)
@@ -85,6 +88,26 @@ def cpu_time_ms(cfg, steps: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def rank_cpu_ms(cfg, steps: int) -> float:
+    """In each launched rank: the median CPU time of its own thread over `steps` training steps, after 3 unmeasured
+    ones (what the rank computed and dispatched, not how long it waited for the other at a collective)."""
+    from scalekit.distributed import runtime
+
+    hw = scalekit.detect("cpu")
+    times = []
+    with contextlib.ExitStack() as stack:
+        cfg = cfg.resolve(hw)
+        runtime.setup(hw, stack, cfg.batch_size)
+        ctx = build(cfg, hw, stack)
+        for i in range(3 + steps):
+            batch = next(ctx.batches)
+            t0 = time.thread_time()
+            train_step(ctx, batch)
+            if i >= 3:
+                times.append(time.thread_time() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def row(name: str, pred, measured: float) -> tuple[str, bool]:
     ratio = pred.step_s * 1e3 / measured
     line = f"{name:<40}{pred.step_s * 1e3:>14.1f}{measured:>13.1f}{ratio:>11.2f}  {missing_term(pred, measured)}"
@@ -100,6 +123,27 @@ def memory_row(name: str, pred, result) -> tuple[str, bool]:
     ok = abs(ratio - 1) <= ANALYTIC_MARGIN - 1
     return (f"{name:<40}{pred.memory['peak'] / 2**20:>14.1f}{measured / 2**20:>13.1f}{ratio:>11.2f}"
             + ("" if ok else "  outside the planner's bound"), ok)
+
+
+def _rank_cpu_rows(steps: int) -> list[str]:
+    """The distributed cases' predicted compute (the operators, the DTensor wrappers' host work) against each rank's
+    measured CPU time, the slowest rank's: the compute side of the wall-time rows, apart from waiting."""
+    from scalekit.launch import launch
+
+    lines = [f"{'case (compute: CPU time per rank)':<40}{'predicted ms':>14}{'measured ms':>13}{'ratio p/m':>11}  "
+             "host work predicted"]
+    for preset, toggles in CASES:
+        if not toggles or "pipeline_parallel" in toggles:  # a pipeline rank's CPU time is its stage's, not the step's
+            continue
+        pred = predict(preset, "2xthis-cpu", toggles=toggles)
+        cfg = scalekit.RunConfig(preset=preset, toggles=toggles, threads=1, batch_size=pred.batch_size,
+                                 seq_len=pred.seq_len, device="cpu")
+        measured = max(launch(rank_cpu_ms, cfg, steps, nprocs=2))
+        spelled = "+".join(toggles) if isinstance(toggles, list) else "+".join(f"{k}={v}" for k, v in toggles.items())
+        host = pred.compute_parts.get("host work (DTensor, FSDP2 hooks)", 0.0)
+        lines.append(f"{preset + ' ' + spelled + ' ×2':<40}{pred.compute_s * 1e3:>14.1f}{measured:>13.1f}"
+                     f"{pred.compute_s * 1e3 / measured:>11.2f}  {host * 1e3:.1f} ms")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -153,6 +197,7 @@ def main(argv=None) -> int:
         cpu_hits += ok
         lines.append(line)
     lines.append(f"# CPU time: within ±{BAND:.0%}: {cpu_hits} of {sum(1 for _, t in CASES if not t)}")
+    lines += _rank_cpu_rows(args.steps)
     lines.append(f"# load average at the start {load[0]:.1f}, at the end {os.getloadavg()[0]:.1f} (2 cores; other "
                  f"processes shared them: calibrate() times windows as long as a small step to see the same share)")
     text = "\n".join(lines)

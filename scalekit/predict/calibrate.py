@@ -17,8 +17,8 @@ and the part built from them: "this-cpu" (the default), or "this-gpu" with `devi
   message.  They are measured first: a forked rank needs a parent that has not touched CUDA yet;
 - in the same gloo ranks, the host work of the wrappers built on DTensor (host_work.py): FSDP2's per call and per
   byte, AdamW's step per DTensor parameter, a tensor-parallel linear's per call and per byte of its activation.
-Each figure is the median of `repeats` timings (the smallest message's collectives: the fastest, since their
-latency is a floor that a rank descheduled on a shared machine only adds to), on a GPU with torch.cuda.synchronize()
+Each figure is the median of `repeats` timings (the smallest message's collectives: the mean of 30 single calls,
+what a step's calls add up to where their time has two modes, as gloo's has here), on a GPU with torch.cuda.synchronize()
 before each clock reading.
 The default run takes a few seconds; sizes are arguments.
 """
@@ -33,7 +33,14 @@ from ..errors import ConfigError
 from . import host_work
 from .collectives import ALGORITHMS
 from .cost import PUBLISHED, Efficiency
-from .microbench import collective_bandwidth, copy_bandwidth, elementwise_bandwidth, matmul_curve, op_overhead
+from .microbench import (
+    LATENCY_CALLS,
+    collective_bandwidth,
+    copy_bandwidth,
+    elementwise_bandwidth,
+    matmul_curve,
+    op_overhead,
+)
 from .parts import GB, Part, datasheet_part, register
 
 _MEASURED: dict[str, object] = {}
@@ -168,7 +175,8 @@ def cpu_part(name: str, fig: Figures) -> Part:
                          **_memory_sources(fig, "this CPU"),
                          "link": f"calibrate(): best bus bandwidth of gloo collectives over {fig.ranks} ranks, "
                                  f"{link / GB:.2f} GB/s",
-                         "latency_s": f"calibrate(): the smallest all-reduce per ring step, {latency * 1e6:.0f} µs",
+                         "latency_s": f"calibrate(): the smallest all-reduce (the mean of {LATENCY_CALLS} single "
+                                      f"calls) per ring step, {latency * 1e6:.0f} µs",
                          "algorithms": GLOO_ALGORITHMS})
     return Part(name, {"fp32": best}, fig.memory_bytes, bandwidth, "loopback (gloo, shared memory)", link,
                 "none (one machine)", link,

@@ -14,6 +14,7 @@ from .collectives import FACTORS
 WINDOW_S = 0.05  # each timing spans at least this long: as long as a small step, so that a machine shared with other
 # processes slows the microbenchmark as much as it slows the run (a 1 ms timing fits in one scheduler slice)
 
+LATENCY_CALLS = 30  # single calls of the smallest message timed for α (their mean)
 BATCH_FILL = 4096  # on a GPU, a size-n matmul is timed as (BATCH_FILL / n)³ of them at once (as much work as one
 MAX_ELEMENTS = 2**28  # of BATCH_FILL), at most MAX_ELEMENTS elements per operand (1 GiB in fp32)
 
@@ -150,11 +151,14 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
                    "reduce_scatter": lambda full=full, shard=shard: scatter(shard, full)}
             for op, fn in ops.items():
                 dist.barrier()
-                # every rank must make the same calls: one per timing.  The smallest message is the latency α, a
-                # floor that a rank descheduled on a shared machine only adds to: its fastest timing (the median
-                # of single calls came out bimodal on 2 cores, 0.2 or 2 ms)
-                t = _median_time(fn, repeats, window_s=0.0, sync=_sync_for(device),
-                                 stat=min if size == min(sizes) else statistics.median)
+                # every rank must make the same calls: one per timing.  The smallest message is the latency α: the
+                # mean of LATENCY_CALLS single calls, what a step's calls add up to.  On this 2-core virtual machine
+                # a small gloo call takes either about 0.2 ms or about 2 ms (a rank that waited idle wakes late),
+                # in shares that vary from run to run: the median of 5 flipped between the two, the fastest kept
+                # only the first, and a step's FSDP, tensor-parallel and pipeline calls meet both
+                smallest = size == min(sizes)
+                t = _median_time(fn, max(repeats, LATENCY_CALLS) if smallest else repeats, window_s=0.0,
+                                 sync=_sync_for(device), stat=statistics.mean if smallest else statistics.median)
                 rows.append((op, elements * 4, t))
         if backend == "gloo":  # the host runs the DTensor wrappers' work inline (a GPU's host: hidden, not measured)
             from .host_work import measure
