@@ -34,11 +34,14 @@ def _checked(toggles: dict) -> dict:
         if name not in TOGGLES:
             raise ConfigError(f"toggles: unknown toggle {name!r}; the known ones are {', '.join(sorted(TOGGLES))} and "
                               f"context_parallel")
-        if name not in ("tensor_parallel", "pipeline_parallel", "grad_accum"):  # degrees: layout_of checks them
-            try:
-                TOGGLES[name].validate(value, "predict")
-            except ConfigError as exc:  # "toggles['zero'] must be ...", which the command line says as --toggle
-                raise ConfigError(str(exc).replace("predict.toggles[", "toggles[")) from None
+        if name == "grad_accum":  # a degree: layout_of checks it (whole_degree)
+            continue
+        try:
+            checked = TOGGLES[name].validate(value, "predict")
+        except ConfigError as exc:  # "toggles['zero'] must be ...", which the command line says as --toggle
+            raise ConfigError(str(exc).replace("predict.toggles[", "toggles[")) from None
+        if name in ("tensor_parallel", "pipeline_parallel"):  # their spelled-out value: True is a degree, a schedule
+            toggles[name] = checked
     return toggles
 
 

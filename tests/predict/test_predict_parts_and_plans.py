@@ -111,6 +111,15 @@ def test_a_toggle_predict_does_not_know_or_a_value_its_toggle_refuses_is_refused
         for value in ("²", 0, -1, 1.5):
             with pytest.raises(ConfigError, match=rf"toggles\['{name}'\] must be True or a whole number of at least 1"):
                 predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, name: value})
+    # a schedule the pipeline toggle refuses once reached int() ('1f1b/16/2') or divided by zero ('gpipe/0')
+    for value in ("1f1b/16/2", "gpipe/0", "zigzag"):
+        with pytest.raises(ConfigError, match=r"toggles\['pipeline_parallel'\] must be True, 'gpipe', '1f1b'"):
+            predict("gpt2-124m", "8xH100-SXM", toggles={"pipeline_parallel": value})
+    with pytest.raises(ConfigError, match=r"toggles\['tensor_parallel'\] must be True \(= 2\) or a positive"):
+        predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, "tensor_parallel": 0})
+    # True is the toggle's own default, as a run reads it: tensor_parallel 2, pipeline_parallel 1f1b (it raised)
+    assert predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, "tensor_parallel": True}).layout.tp == 2
+    assert predict("gpt2-124m", "2xH100-SXM", toggles={"pipeline_parallel": True}, batch_size=8).layout.schedule == "1f1b"
     assert "grad_accum 2 given, not kept" in " ".join(plan_for("gpt2-124m", "8xH100-SXM", toggles=["grad_accum=2"]).notes)
     assert predict("gpt2-124m", "8xH100-SXM", toggles={"fsdp": True, "checkpointing": "selective-torchtitan",
                                                        "context_parallel": 2}).layout.cp == 2
