@@ -73,31 +73,18 @@ def missing_term(pred, measured_ms: float) -> str:
     return f"under by {gap:.0f} ms: {term}"
 
 
-def cpu_time_ms(cfg, steps: int) -> float:
-    """The median CPU time (this thread's) of `steps` training steps of `cfg`, after 3 unmeasured ones."""
-    hw = scalekit.detect("cpu")
-    times = []
-    with contextlib.ExitStack() as stack:
-        ctx = build(cfg.resolve(hw), hw, stack)
-        for i in range(3 + steps):
-            batch = next(ctx.batches)
-            t0 = time.thread_time()
-            train_step(ctx, batch)
-            if i >= 3:
-                times.append(time.thread_time() - t0)
-    return 1e3 * statistics.median(times)
-
-
-def rank_cpu_ms(cfg, steps: int) -> float:
-    """In each launched rank: the median CPU time of its own thread over `steps` training steps, after 3 unmeasured
-    ones (what the rank computed and dispatched, not how long it waited for the other at a collective)."""
+def cpu_time_ms(cfg, steps: int, ranks: bool = False) -> float:
+    """The median CPU time of this thread over `steps` training steps of `cfg`, after 3 unmeasured ones.  `ranks`: in
+    a launched rank, joined to the others first (what the rank computed and dispatched, not how long it waited for
+    the other at a collective)."""
     from scalekit.distributed import runtime
 
     hw = scalekit.detect("cpu")
     times = []
     with contextlib.ExitStack() as stack:
         cfg = cfg.resolve(hw)
-        runtime.setup(hw, stack, cfg.batch_size)
+        if ranks:
+            runtime.setup(hw, stack, cfg.batch_size)
         ctx = build(cfg, hw, stack)
         for i in range(3 + steps):
             batch = next(ctx.batches)
@@ -138,7 +125,7 @@ def _rank_cpu_rows(steps: int) -> list[str]:
         pred = predict(preset, "2xthis-cpu", toggles=toggles)
         cfg = scalekit.RunConfig(preset=preset, toggles=toggles, threads=1, batch_size=pred.batch_size,
                                  seq_len=pred.seq_len, device="cpu")
-        measured = max(launch(rank_cpu_ms, cfg, steps, nprocs=2))
+        measured = max(launch(cpu_time_ms, cfg, steps, True, nprocs=2))
         spelled = "+".join(toggles) if isinstance(toggles, list) else "+".join(f"{k}={v}" for k, v in toggles.items())
         host = pred.compute_parts.get("host work (DTensor, FSDP2 hooks)", 0.0)
         lines.append(f"{preset + ' ' + spelled + ' ×2':<40}{pred.compute_s * 1e3:>14.1f}{measured:>13.1f}"
