@@ -26,11 +26,15 @@ import time
 FIELDS = ("fsdp_call_s", "fsdp_host_bandwidth", "dtensor_param_s", "tp_linear_s", "tp_host_bandwidth")
 WIDTH = 16  # the microbenchmark models' width: their matmuls cost microseconds, the wrappers' work dominates
 UNITS = 4  # FSDP units (each a linear) beside the root's own linear; tensor-parallel column/row pairs
-ITERATIONS = 5  # steps per timing: the same on every rank (their collectives must match)
+ITERATIONS = 3  # steps per timing: the same on every rank (their collectives must match)
+MIN_REPEATS = 4  # timings per figure at least: each is milliseconds, and the fastest of more is less disturbed
+TRIES = 3  # a per-byte cost that came out at or below 0 (noise larger than the signal) is measured again
 
 
 def measure(repeats: int = 3) -> dict[str, float]:
-    """The three figures, in a rank of an initialised gloo process group (every rank calls it): seconds each."""
+    """The five figures (FIELDS: seconds, and bytes per second), in a rank of an initialised gloo process group
+    (every rank calls it); a per-byte cost still at or below 0 after TRIES is taken as none (math.inf bytes/s) and
+    sources() says it was not resolved."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -40,6 +44,7 @@ def measure(repeats: int = 3) -> dict[str, float]:
     try:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         torch.manual_seed(0)
+        repeats = max(repeats, MIN_REPEATS)
         fsdp_call, fsdp_bandwidth, dtensor_param = _fsdp(mesh, repeats)
         tp_linear, tp_bandwidth = _tp(mesh, repeats)
         return {"fsdp_call_s": fsdp_call, "fsdp_host_bandwidth": fsdp_bandwidth, "dtensor_param_s": dtensor_param,
@@ -105,12 +110,26 @@ def _fsdp(mesh, repeats: int) -> tuple[float, float, float]:
     """(host seconds per FSDP2 collective call, host bytes/s of the bytes it gathers or reduces, host seconds per
     DTensor parameter in AdamW's step): the extra time at two widths (16: the calls' fixed work; 256: 1.6 MB a
     unit, their work per byte: copy-in, copy-out, a fresh buffer each) solved for the two terms."""
-    (t0, calls, b0, step_s, tensors), (t1, _, b1, _, _) = (_fsdp_pass(mesh, WIDTH, repeats),
-                                                          _fsdp_pass(mesh, 16 * WIDTH, repeats))
-    per_byte = max(0.0, (t1 - t0) / (b1 - b0))  # the same calls at both widths, more bytes in each
+    for _ in range(TRIES):
+        (t0, calls, b0, step_s, tensors), (t1, _, b1, _, _) = (_fsdp_pass(mesh, WIDTH, repeats),
+                                                              _fsdp_pass(mesh, 16 * WIDTH, repeats))
+        per_byte = (t1 - t0) / (b1 - b0)  # the same calls at both widths, more bytes in each
+        if _every_rank(per_byte > 0):
+            break
+    per_byte = max(0.0, per_byte)
     per_call = max(0.0, (t0 - per_byte * b0) / calls)
     # the step's extra at the small width, where AdamW's arithmetic is negligible beside its dispatch
     return per_call, (1 / per_byte if per_byte else math.inf), max(0.0, step_s) / tensors
+
+
+def _every_rank(flag: bool) -> bool:
+    """Whether `flag` holds on every rank (a measurement is redone on all of them or on none: their calls match)."""
+    import torch
+    import torch.distributed as dist
+
+    held = torch.tensor([1 if flag else 0])
+    dist.all_reduce(held, op=dist.ReduceOp.MIN)
+    return bool(held.item())
 
 
 def _tp_pass(mesh, rows: int, repeats: int) -> float:
@@ -139,8 +158,12 @@ def _tp(mesh, repeats: int) -> tuple[float, float]:
     and unwrapping grow with the rows)."""
     width = WIDTH * mesh.size()
     few, many = 8, 4096
-    t0, t1 = _tp_pass(mesh, few, repeats), _tp_pass(mesh, many, repeats)
-    per_byte = max(0.0, (t1 - t0) / ((many - few) * width * 4))
+    for _ in range(TRIES):
+        t0, t1 = _tp_pass(mesh, few, repeats), _tp_pass(mesh, many, repeats)
+        per_byte = (t1 - t0) / ((many - few) * width * 4)
+        if _every_rank(per_byte > 0):
+            break
+    per_byte = max(0.0, per_byte)
     return max(0.0, t0 - per_byte * few * width * 4), (1 / per_byte if per_byte else math.inf)
 
 
@@ -149,16 +172,21 @@ def sources(figures: dict[str, float], ranks: int) -> dict[str, str]:
     if not figures:
         return {}
     where = f"calibrate(): over {ranks} gloo ranks, CPU time of each rank's thread against the model unwrapped"
+
+    def rate(field: str) -> str:
+        if math.isinf(figures[field]):
+            return f"not resolved from the noise here in {TRIES} tries, taken as none"
+        return f"at {figures[field] / 1e9:.2f} GB/s"
+
     return {"fsdp_call_s": f"{where}, FSDP2 units of 6 parameters at widths {WIDTH} and {16 * WIDTH}: "
                            f"{figures['fsdp_call_s'] * 1e6:.0f} µs per all-gather or reduce-scatter call, plus "
-                           f"its bytes at {figures['fsdp_host_bandwidth'] / 1e9:.2f} GB/s (copy-in, copy-out, a "
-                           f"fresh buffer each)",
+                           f"its bytes {rate('fsdp_host_bandwidth')} (copy-in, copy-out, a fresh buffer each)",
             "dtensor_param_s": f"{where}, AdamW's step on FSDP2's sharded parameters (DTensors) at width {WIDTH}: "
                                f"{figures['dtensor_param_s'] * 1e6:.0f} µs more per parameter",
             "tp_linear_s": f"{where}, ColwiseParallel/RowwiseParallel linears at width {WIDTH * ranks} and 8 and 4,096 "
                            f"rows, against the unsplit linears a rank computes: {figures['tp_linear_s'] * 1e6:.0f} µs "
-                           f"more per linear, forward and backward, plus its full-width activation at "
-                           f"{figures['tp_host_bandwidth'] / 1e9:.2f} GB/s"}
+                           f"more per linear, forward and backward, plus its full-width activation "
+                           f"{rate('tp_host_bandwidth')}"}
 
 
 def norm_tensors(shape) -> int:
