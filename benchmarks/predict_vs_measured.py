@@ -57,15 +57,10 @@ def missing_term(pred, measured_ms: float) -> str:
                     f"the smallest all-reduce's single calls on 2 ranks sharing 2 cores (two modes, about 0.2 and 2 "
                     f"ms, in shares that vary from run to run); the run's calls met less of it")
         return f"over by {-gap:.0f} ms: matmul efficiency at these shapes above the square-matmul curve's"
-    lay = pred.layout
-    if lay.tp > 1 or lay.sharding in ("fsdp", "zero2"):  # the modes built on DTensor (DDP, ZeRO-1, pipelines: not)
-        term = ("host work the model does not count: DTensor's per-operator dispatch (sharding propagation, several "
-                "times a plain tensor's) in tensor parallelism's sharded blocks and in the optimizer's step on FSDP2's "
-                "sharded parameters, and FSDP2's per-unit hooks (copy-in, copy-out, bookkeeping) around each "
-                "collective; two ranks share the machine's 2 cores")
-    elif pred.collectives:
+    if pred.collectives:  # the compute side is checked apart, against each rank's CPU time (_rank_cpu_rows)
         term = ("rank contention: two ranks on the machine's 2 cores, shared with other processes, each get less "
-                "than the one core calibrate() measured; and gloo's collectives run on threads of those same cores")
+                "than the one core calibrate() measured, and wait at every collective for the other; gloo's "
+                "collectives run on threads of those same cores")
     else:  # torch.profiler on small (CPU): matmuls ≈65% of the step; GELU, softmax, masked_fill, copies most of the rest
         term = ("element-wise operators (GELU's erf, softmax's exp, masked_fill, copies: about a third of the step in "
                 "torch.profiler's table for small) run far below the copy bandwidth on a CPU: compute-bound there, "
