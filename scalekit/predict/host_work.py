@@ -3,14 +3,17 @@ tensor parallelism add to a step's CPU time beyond the operators and collectives
 
 - FSDP2's hooks around each collective call: copy-in (the unit's shards packed into one buffer), copy-out (the
   gathered buffer split back into parameters), and its bookkeeping (`fsdp_call_s`, per all-gather or
-  reduce-scatter call);
+  reduce-scatter call, and `fsdp_host_bandwidth`, bytes per second of the bytes it gathers or reduces: a fresh
+  buffer each, filled and emptied);
 - the optimizer's step on parameters that are DTensors (FSDP2's shards, tensor parallelism's split weights): each
   of AdamW's per-parameter operators goes through DTensor's dispatch, several times a plain tensor's
   (`dtensor_param_s`, per parameter tensor per step);
 - a tensor-parallel linear's forward and backward: its input and output converted to and from DTensors, the
-  matmul dispatched on them (`tp_linear_s`, per linear per forward and backward).
+  matmul dispatched on them, its output all-reduced into a new tensor (`tp_linear_s`, per linear per forward and
+  backward, and `tp_host_bandwidth`, bytes per second of its full-width activation).
 
-`calibrate()` measures the three in the gloo ranks it starts for the collectives (`measure`), on small models
+Each per-call and per-byte pair is solved from two sizes of the same model.  `calibrate()` measures the five in the
+gloo ranks it starts for the collectives (`measure`), on small models
 whose arithmetic is negligible, as CPU time of each rank's own thread (time.thread_time: what the rank computes,
 not how long it waits for the other), against the same model unwrapped.  On a GPU the host queues kernels ahead of
 the device and this work is taken as hidden behind them, as the per-operator overhead is: the parts of the table
@@ -25,7 +28,7 @@ import time
 
 FIELDS = ("fsdp_call_s", "fsdp_host_bandwidth", "dtensor_param_s", "tp_linear_s", "tp_host_bandwidth")
 WIDTH = 16  # the microbenchmark models' width: their matmuls cost microseconds, the wrappers' work dominates
-UNITS = 4  # FSDP units (each a linear) beside the root's own linear; tensor-parallel column/row pairs
+UNITS = 4  # FSDP units (_unit) beside the root's own linear; tensor-parallel column/row pairs
 ITERATIONS = 3  # steps per timing: the same on every rank (their collectives must match)
 MIN_REPEATS = 4  # timings per figure at least: each is milliseconds, and the fastest of more is less disturbed
 TRIES = 3  # a per-byte cost that came out at or below 0 (noise larger than the signal) is measured again
