@@ -127,7 +127,8 @@ def op_overhead(chain: int = 200, repeats: int = 5, clock=time.perf_counter, dev
     return _median_time(step, repeats, clock=clock, sync=_sync_for(device)) / Count.n
 
 
-def _collective_rank(sizes, repeats, backend: str = "gloo"):
+def _collective_rank(sizes, repeats, backend: str = "gloo") -> tuple[list, dict]:
+    """((op, bytes, seconds) per collective and size, host_work.py's figures: gloo's ranks only) in one rank."""
     import torch
     import torch.distributed as dist
 
@@ -140,7 +141,7 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
     # the names torch 2.13 keeps (the *_tensor ones warn that they are deprecated), where this torch has them
     gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
     scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-    rows = []
+    rows, host = [], {}
     try:
         for size in sizes:
             elements = max(n, size // 4 // n * n)
@@ -163,10 +164,10 @@ def _collective_rank(sizes, repeats, backend: str = "gloo"):
         if backend == "gloo":  # the host runs the DTensor wrappers' work inline (a GPU's host: hidden, not measured)
             from .host_work import measure
 
-            rows.append(("host_work", 0, measure(repeats)))
+            host = measure(repeats)
     finally:
         dist.destroy_process_group()
-    return rows
+    return rows, host
 
 
 def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: int = 5,
@@ -175,16 +176,14 @@ def collective_bandwidth(ranks: int = 2, sizes=(2**12, 2**20, 2**23), repeats: i
     per GPU); 'latency_s': the smallest message's all-reduce time over its 2(n−1) ring steps."""
     from ..launch import launch
 
-    return bus_bandwidths(launch(_collective_rank, list(sizes), repeats, backend, nprocs=ranks)[0], ranks)
+    rows, host = launch(_collective_rank, list(sizes), repeats, backend, nprocs=ranks)[0]
+    return {**bus_bandwidths(rows, ranks), **({"host_work": host} if host else {})}
 
 
 def bus_bandwidths(rows, ranks: int) -> dict:
     """(op, bytes, seconds) rows as nccl-tests reports them: {op: [(bytes, seconds, bus bytes/s)], 'latency_s'}."""
     out: dict = {}
     for op, nbytes, t in rows:
-        if op == "host_work":  # host_work.measure's figures, not a collective
-            out[op] = t
-            continue
         out.setdefault(op, []).append((nbytes, t, FACTORS[op](ranks) * nbytes / t))
     smallest = min(out["all_reduce"])
     out["latency_s"] = smallest[1] / (2 * (ranks - 1))

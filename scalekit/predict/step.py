@@ -223,7 +223,7 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
     attention_rate = peak * eff.attention if eff.attention else eff.matmul_at(shape.d // shape.n_head, peak, lay.dtype)
     attention_s = ((1 + traffic.ATTENTION_BACKWARD_FLOPS) * fwd.attention_flops
                    + recomputed_blocks * block.attention_flops) / attention_rate * share
-    moved = _element_bytes(counted, shape, lay, toggles, rows, seq, share, recomputed_blocks, bf16_weights,
+    moved = _element_bytes(counted, shape, lay, toggles, rows, seq, recomputed_blocks, bf16_weights,
                            inline_host=eff.fsdp_call_s > 0)
     per_rank = lay.micro_batches / (lay.tp * lay.cp)
     matmul_s = (mm_total - 3 * root_mm_s) * per_rank + 3 * root_mm_s * per_rank * lay.tp
@@ -232,7 +232,7 @@ def _counted(shape, lay: cost.Layout, eff, part, rows: int, seq: int, toggles) -
             "code": counted.code}
 
 
-def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, recomputed_blocks, bf16_weights,
+def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, recomputed_blocks, bf16_weights,
                    inline_host: bool = False):
     """Bytes one GPU's operators that are not matmuls move in a step, by what moves them.  Eager: each counted
     operator's reads and writes, backward 2× (traffic.py).  Under compile the blocks' element-wise traffic is the
@@ -247,7 +247,7 @@ def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, 
     out = {"optimizer (AdamW: 28 B per held parameter)": 28 * held}
     # a tensor-parallel rank moves the split modules' bytes for 1/tp of the work, the rest (norms, residual adds,
     # embeddings, head, loss) for all of it (traffic.Traffic.per_rank_bytes)
-    tokens, tp = share * lay.tp, lay.tp
+    tokens, tp = rows * lay.micro_batches / lay.cp, lay.tp
     if "compile" in toggles:
         saved = _saved_per_row(shape, lay, seq) * rows * lay.micro_batches
         out["blocks, compiled (saved activations × 5 passes)"] = ACTIVATION_PASSES * saved
@@ -255,8 +255,8 @@ def _element_bytes(counted, shape, lay: cost.Layout, toggles, rows, seq, share, 
     else:
         out["operators, eager (counted, backward 2×)"] = passes * fwd.per_rank_bytes(tp) * tokens
     if isinstance(lay.checkpointing, str) and "compile" not in toggles:
-        cheap = block.split_bytes / tp + block.other_bytes - block.split_bytes
-        out["selective recompute (the cheap operators again)"] = layers * cheap * tokens
+        out["selective recompute (the cheap operators again)"] = \
+            layers * block.per_rank_bytes(tp, attention=False) * tokens
     if recomputed_blocks:
         out["full recompute (the blocks' forward again)"] = recomputed_blocks * block.per_rank_bytes(tp) * tokens
     if lay.sharding in ("fsdp", "zero2") and lay.grad_ranks > 1 and not inline_host:

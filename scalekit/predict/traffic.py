@@ -102,10 +102,11 @@ class Traffic:
                        self.attention_bytes - other.attention_bytes, self.other_bytes - other.other_bytes,
                        self.ops - other.ops, self.split_bytes - other.split_bytes)
 
-    def per_rank_bytes(self, tp: int) -> float:
-        """The other operators' and fused attention's bytes one tensor-parallel rank moves: the split modules' 1/tp,
-        the rest whole."""
-        return (self.split_bytes + self.attention_bytes) / tp + self.other_bytes - self.split_bytes
+    def per_rank_bytes(self, tp: int, attention: bool = True) -> float:
+        """The other operators' (and, with `attention`, fused attention's) bytes one tensor-parallel rank moves: the
+        split modules' 1/tp, the rest whole."""
+        split = self.split_bytes + (self.attention_bytes if attention else 0.0)
+        return split / tp + self.other_bytes - self.split_bytes
 
 
 @dataclass(frozen=True)
